@@ -1,0 +1,643 @@
+"""PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole.
+
+The policy is a vectorized DFSMN (Zhang et al. 2015, arXiv 1512.08301; Zhang et al. 2018, arXiv 1803.05030):
+every block projects its input, adds a learned per-channel weighted sum of the current and the last
+`memory_order` hidden states (a causal depthwise convolution over time), projects back with a skip
+connection and normalises. Rollouts run it step by step with a per-environment cache of past hidden
+states; training runs it over whole rollout sequences in one pass, starting from the cache saved at the
+rollout's start, with episode boundaries masked, so every sample sees exactly the context it had when
+it acted. `--mask-velocity` hides the velocities (observation `[x, theta]`): then memory is required.
+
+    python ppo_fsmn_cartpole.py                       # CartPole-v1, solved on the CPU in about a minute
+    python ppo_fsmn_cartpole.py --mask-velocity       # partially observable CartPole
+    python ppo_fsmn_cartpole.py --eval-checkpoint runs/<run>/checkpoint.pt
+
+Measured results (5 seeds, `python benchmarks/fsmn_cartpole.py`): see README.md and
+benchmarks/results/fsmn_cartpole.md.
+"""
+
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+SCRIPT = "ppo_fsmn_cartpole"
+
+
+@dataclass
+class Args:
+    # TRY NOT TO MODIFY: experiment arguments
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save checkpoints to `runs/{run_name}/checkpoint.pt`"""
+    save_interval: int = 50
+    """with --save-model, write a checkpoint every this many iterations (and at the end)"""
+    resume: str | None = None
+    """path of a checkpoint of this script to continue training from (pass the same flags as the original run)"""
+    eval_checkpoint: str | None = None
+    """if set, do not train: load this checkpoint, play --eval-episodes episodes and print the mean and std"""
+    eval_episodes: int = 10
+    """number of episodes played by the evaluation mode"""
+    eval_deterministic: bool = True
+    """the evaluation mode takes the most likely action (otherwise it samples)"""
+    progress: bool = True
+    """show a progress bar (`--no-progress` to turn it off)"""
+
+    # ALGO LOGIC: algorithm arguments
+    env_id: str = "CartPole-v1"
+    """the id of the environment (a gymnasium id with a Discrete action space)"""
+    mask_velocity: bool = False
+    """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
+    total_timesteps: int = 150_000
+    """total timesteps of the experiments"""
+    learning_rate: float = 1e-3
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 64
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (formed over environments: it must divide num_envs)"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+
+    # ALGO LOGIC: network and memory arguments
+    hidden_dim: int = 64
+    """width of every FSMN block"""
+    num_blocks: int = 2
+    """number of FSMN blocks in a trunk"""
+    memory_order: int = 8
+    """number of past hidden states each block remembers (0: the memoryless ablation)"""
+    separate_trunks: bool = False
+    """give the actor and the critic a trunk each (default: one shared trunk)"""
+
+    # to be filled in runtime
+    batch_size: int = field(init=False)
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = field(init=False)
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = field(init=False)
+    """the number of iterations (computed in runtime)"""
+
+    def __post_init__(self):
+        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "hidden_dim"):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        if self.num_blocks < 1 or self.memory_order < 0:
+            raise SystemExit(f"error: --num-blocks={self.num_blocks} must be >= 1 and --memory-order={self.memory_order} >= 0")
+        if self.num_envs % self.num_minibatches != 0:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} must divide --num-envs={self.num_envs} "
+                "(minibatches are whole environment sequences)"
+            )
+        self.batch_size = self.num_envs * self.num_steps
+        self.minibatch_size = self.batch_size // self.num_minibatches
+        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_velocity: bool):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id)
+        if mask_velocity:
+            # CartPole's observation is [x, x_dot, theta, theta_dot]: keep [x, theta], as in the
+            # "CartPoleNoVel" task of the RL baselines zoo; the policy has to infer velocities from memory.
+            low, high = env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]]
+            env = gym.wrappers.TransformObservation(
+                env, lambda obs: obs[[0, 2]], observation_space=gym.spaces.Box(low, high, dtype=np.float32)
+            )
+        return env
+
+    return thunk
+
+
+def check_env_args(env_id: str, mask_velocity: bool) -> None:
+    """One clear line for an env this script cannot run: unknown id, non-discrete actions, masking a non-CartPole."""
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        raise SystemExit(
+            f"error: --env-id={env_id} is not a registered gymnasium id "
+            "(list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`)"
+        ) from None
+    env = gym.make(spec)
+    action_space, observation_space = env.action_space, env.observation_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise SystemExit(
+            f"error: --env-id={env_id} has a {type(action_space).__name__} action space; "
+            f"{SCRIPT}.py needs a Discrete one (e.g. CartPole-v1, Acrobot-v1); use ppo_continuous.py for Box actions"
+        )
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SystemExit(f"error: --env-id={env_id} must have a flat Box observation space, not {observation_space}")
+    if mask_velocity and not env_id.startswith("CartPole"):
+        raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class FSMNBlock(nn.Module):
+    """One DFSMN block, run either one step at a time (with a cache) or over a whole sequence.
+
+        h_t = tanh(W_in x_t)                                  linear projection of the input
+        m_t = h_t + sum_{i=0..N} a_i * h_{t-i}                memory: causal depthwise conv over time
+        y_t = LayerNorm(x_t + W_out m_t)                      output projection, skip, normalisation
+
+    Tap a_0 weights the current step and a_N the oldest (the seed project had these reversed).
+    h_{t-i} is zero for steps before the current episode began, so memory never crosses an episode.
+    The taps start at zero: the block starts memoryless and learns how much of the past to use.
+    """
+
+    def __init__(self, dim: int, memory_order: int):
+        super().__init__()
+        self.memory_order = memory_order
+        self.proj_in = layer_init(nn.Linear(dim, dim))
+        self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-i}
+        self.proj_out = layer_init(nn.Linear(dim, dim))
+        self.norm = nn.LayerNorm(dim)
+
+    def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, H); cache: (B, N, H) with cache[:, j] = h_{t-1-j}, already zeroed at episode starts."""
+        h = torch.tanh(self.proj_in(x))  # (B, H)
+        m = h + self.taps[0] * h + (self.taps[1:] * cache).sum(dim=1)  # (B, H)
+        new_cache = torch.cat([h.unsqueeze(1), cache[:, :-1]], dim=1) if self.memory_order > 0 else cache  # (B, N, H)
+        return self.norm(x + self.proj_out(m)), new_cache
+
+    def sequence(self, x: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
+        """x: (T, B, H); cache: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see Agent.sequence."""
+        h = torch.tanh(self.proj_in(x))  # (T, B, H)
+        history = torch.cat([cache.flip(1).transpose(0, 1), h], dim=0)  # (N+T, B, H), oldest first
+        windows = history.unfold(0, self.memory_order + 1, 1)  # (T, B, H, N+1): windows[t, ..., k] = h_{t-N+k}
+        m = h + (windows * same_episode * self.taps.flip(0).T).sum(-1)  # (T, B, H), taps reversed to match k
+        return self.norm(x + self.proj_out(m))
+
+
+class FSMNTrunk(nn.Module):
+    """An observation embedding followed by `num_blocks` FSMN blocks (skip connections between blocks)."""
+
+    def __init__(self, obs_dim: int, hidden_dim: int, num_blocks: int, memory_order: int):
+        super().__init__()
+        self.embed = layer_init(nn.Linear(obs_dim, hidden_dim))
+        self.blocks = nn.ModuleList(FSMNBlock(hidden_dim, memory_order) for _ in range(num_blocks))
+
+    def step(self, obs: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs: (B, obs_dim); cache: (num_blocks, B, N, H) -> features (B, H), new cache."""
+        x = torch.tanh(self.embed(obs))
+        new_cache = []
+        for block, block_cache in zip(self.blocks, cache):
+            x, c = block.step(x, block_cache)
+            new_cache.append(c)
+        return x, torch.stack(new_cache)
+
+    def sequence(self, obs: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
+        """obs: (T, B, obs_dim); cache: (num_blocks, B, N, H) -> features (T, B, H)."""
+        x = torch.tanh(self.embed(obs))
+        for block, block_cache in zip(self.blocks, cache):
+            x = block.sequence(x, block_cache, same_episode)
+        return x
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int, args: Args):
+        super().__init__()
+        self.memory_order, self.hidden_dim = args.memory_order, args.hidden_dim
+        self.trunks = nn.ModuleList(
+            FSMNTrunk(obs_dim, args.hidden_dim, args.num_blocks, args.memory_order)
+            for _ in range(2 if args.separate_trunks else 1)
+        )
+        self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+
+    def initial_cache(self, num_envs: int, device: torch.device) -> torch.Tensor:
+        num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
+        return torch.zeros(num_blocks, num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
+
+    def step(
+        self, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step for every env. obs: (B, obs_dim); cache: (L, B, N, H); episode_starts: (B,) bool.
+        Returns logits (B, A), values (B,) and the cache to use at the next step."""
+        cache = cache * (~episode_starts).view(1, -1, 1, 1)  # MEMORY RESET: an episode that begins remembers nothing
+        caches = cache.chunk(len(self.trunks))
+        outputs = [trunk.step(obs, c) for trunk, c in zip(self.trunks, caches)]
+        actor_x, critic_x = outputs[0][0], outputs[-1][0]
+        new_cache = torch.cat([c for _, c in outputs])
+        return self.actor(actor_x), self.critic(critic_x).squeeze(-1), new_cache
+
+    def sequence(
+        self, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole rollout in one pass. obs: (T, B, obs_dim); cache: (L, B, N, H) from the rollout's start;
+        episode_starts: (T, B) bool. Returns logits (T, B, A) and values (T, B), equal to running `step` T times."""
+        # Which past steps a step may remember. Episode ids: the N cached steps count as episode 0 and every
+        # start begins a new id; tap i of step t is used only if step t-i has step t's id.
+        #   N=3, T=5, an episode starts at t=2:
+        #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
+        #   episode id       0   0   0  | 0   0  | 1   1   1
+        #   step t=3 reads the window h0 h1 h2 h3 (N+1 = 4 positions) and keeps h2 h3, the ones with id 1
+        n = self.memory_order
+        ids = torch.cumsum(episode_starts.long(), dim=0)  # (T, B)
+        ids = torch.cat([ids.new_zeros(n, ids.shape[1]), ids])  # (N+T, B)
+        windows = ids.unfold(0, n + 1, 1)  # (T, B, N+1): ids of steps t-N .. t
+        same_episode = (windows == ids[n:].unsqueeze(-1)).unsqueeze(2).float()  # (T, B, 1, N+1)
+        caches = cache.chunk(len(self.trunks))
+        features = [trunk.sequence(obs, c, same_episode) for trunk, c in zip(self.trunks, caches)]
+        return self.actor(features[0]), self.critic(features[-1]).squeeze(-1)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    final_values: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
+
+    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
+    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
+    its final observation (the next stored observation already belongs to the new episode).
+    """
+    dones = torch.logical_or(terminations, truncations).float()
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
+    next_values = next_values * (1.0 - dones) + final_values * (truncations.float() * (1.0 - terminations.float()))
+    deltas = rewards + gamma * next_values - values
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
+    var_y = torch.var(y_true)
+    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+
+
+# TRY NOT TO MODIFY: checkpoint helpers
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp_path = f"{path}.tmp"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != SCRIPT:
+        raise SystemExit(f"error: {path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+    return checkpoint
+
+
+def rng_states() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state()[1].tolist(), "torch": torch.get_rng_state()}
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np_state = list(np.random.get_state())
+    np_state[1] = np.array(states["numpy"], dtype=np.uint32)
+    np.random.set_state(tuple(np_state))
+    torch.set_rng_state(states["torch"])
+
+
+def make_checkpoint(
+    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
+) -> dict:
+    return {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "run_name": run_name,
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states(),
+    }
+
+
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    args = Args(**saved)
+    check_env_args(args.env_id, args.mask_velocity)
+    env = make_env(args.env_id, 0, False, "", args.mask_velocity)()
+    agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)
+    env.close()
+    agent.load_state_dict(checkpoint["model"])
+    return agent, args
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
+    """Play `episodes` whole episodes with a saved policy (memory cache included) and return their returns."""
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path), device)
+    agent.eval()
+    env = make_env(saved_args.env_id, 0, False, "", saved_args.mask_velocity)()
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        cache, start, done, total = agent.initial_cache(1, device), torch.ones(1, dtype=torch.bool, device=device), False, 0.0
+        while not done:
+            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            logits, _, cache = agent.step(obs_t, cache, start)
+            action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, reward, terminated, truncated, _ = env.step(action.item())
+            start[:] = False
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint is not None:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+        return
+    check_env_args(args.env_id, args.mask_velocity)
+    checkpoint = load_checkpoint(args.resume) if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name, tracking and logging
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=True,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
+    # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, run_name, args.mask_velocity) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim = envs.single_observation_space.shape[0]
+
+    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            raise SystemExit(
+                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
+            ) from None
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        set_rng_states(checkpoint["rng_states"])
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...) on the device
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    terminations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    truncations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+    cache = agent.initial_cache(args.num_envs, device)  # (L, num_envs, N, H) memory of the running episodes
+    recent_returns, finite, done_iteration, done_step = [], True, start_iteration - 1, global_step
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+
+    try:
+        for iteration in progress:
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout, the FSMN run step by step with its per-env cache
+            initial_cache = cache.clone()  # (L, num_envs, N, H): training restarts every sequence from here
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                episode_starts[step] = next_done
+
+                with torch.no_grad():
+                    logits, value, cache = agent.step(next_obs, cache, next_done)
+                    probs = Categorical(logits=logits)
+                    action = probs.sample()
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = probs.log_prob(action)
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards[step] = torch.as_tensor(reward, device=device)
+                terminations[step] = torch.as_tensor(termination, device=device)
+                truncations[step] = torch.as_tensor(truncation, device=device)
+                final_values[step] = 0.0
+                if truncation.any():
+                    # bootstrap a truncated episode from its final observation, seen with that episode's memory
+                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
+                    with torch.no_grad():
+                        _, final_value, _ = agent.step(
+                            torch.as_tensor(final_obs, dtype=torch.float32, device=device),
+                            cache,
+                            torch.zeros(args.num_envs, dtype=torch.bool, device=device),
+                        )
+                    final_values[step] = final_value * truncations[step]
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                next_done = terminations[step] | truncations[step]
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+
+            # ALGO LOGIC: bootstrap value and advantages
+            with torch.no_grad():
+                _, next_value, _ = agent.step(next_obs, cache, next_done)
+                advantages, returns = compute_gae(
+                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
+                )
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
+            env_inds = np.arange(args.num_envs)
+            envs_per_minibatch = args.num_envs // args.num_minibatches
+            clipfracs, stats = [], []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(env_inds)
+                for start in range(0, args.num_envs, envs_per_minibatch):
+                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
+                    new_logits, newvalue = agent.sequence(
+                        obs[:, mb_envs], initial_cache[:, mb_envs], episode_starts[:, mb_envs]
+                    )
+                    probs = Categorical(logits=new_logits.flatten(0, 1))  # (T * mb_envs, A)
+                    mb_actions = actions[:, mb_envs].flatten()
+                    newlogprob, entropy, newvalue = probs.log_prob(mb_actions), probs.entropy(), newvalue.flatten()
+                    mb_logprobs, mb_advantages = logprobs[:, mb_envs].flatten(), advantages[:, mb_envs].flatten()
+                    mb_returns, mb_values = returns[:, mb_envs].flatten(), values[:, mb_envs].flatten()
+                    logratio = newlogprob - mb_logprobs
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss]).detach())
+
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = torch.stack(stats).mean(0).tolist()
+            if not np.isfinite(loss):
+                finite = False
+                raise SystemExit(f"error: non-finite loss at iteration {iteration}; the last good checkpoint is kept")
+            y_pred, y_true = values.flatten(), returns.flatten()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if recent_returns:
+                progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration, done_step = iteration, global_step  # the last iteration whose update is complete
+            if args.save_model and iteration % args.save_interval == 0:
+                save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and a last (finite) checkpoint
+        if args.save_model and finite and done_iteration >= start_iteration:
+            save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, done_iteration, done_step))
+            print(f"checkpoint saved to {checkpoint_path} (iteration {done_iteration}, global step {done_step})")
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
