@@ -312,9 +312,10 @@ def compute_gae(
     a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
     its final observation (the next stored observation already belongs to the new episode).
     """
-    dones = torch.logical_or(terminations, truncations).float()
+    dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
+    bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
-    next_values = next_values * (1.0 - dones) + final_values * (truncations.float() * (1.0 - terminations.float()))
+    next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
@@ -338,17 +339,17 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
     os.replace(tmp_path, path)
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: checkpoint {path} does not exist")
+        raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
     return checkpoint
 
 
@@ -393,7 +394,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 @torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
     """Play `episodes` whole episodes with a saved policy (memory cache included) and return their returns."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path), device)
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
     env = make_env(saved_args.env_id, 0, False, "", saved_args.mask_velocity)()
     returns = []
@@ -403,7 +404,7 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
         while not done:
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
             logits, _, cache = agent.step(obs_t, cache, start)
-            action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
             start[:] = False
             total += float(reward)
@@ -420,7 +421,7 @@ def main(args: Args) -> None:
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
     check_env_args(args.env_id, args.mask_velocity)
-    checkpoint = load_checkpoint(args.resume) if args.resume is not None else None
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
     # TRY NOT TO MODIFY: run name, tracking and logging
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -510,7 +511,7 @@ def main(args: Args) -> None:
 
                 with torch.no_grad():
                     logits, value, cache = agent.step(next_obs, cache, next_done)
-                    probs = Categorical(logits=logits)
+                    probs = Categorical(logits=logits, validate_args=False)
                     action = probs.sample()
                 values[step] = value
                 actions[step] = action
@@ -559,7 +560,7 @@ def main(args: Args) -> None:
                     new_logits, newvalue = agent.sequence(
                         obs[:, mb_envs], initial_cache[:, mb_envs], episode_starts[:, mb_envs]
                     )
-                    probs = Categorical(logits=new_logits.flatten(0, 1))  # (T * mb_envs, A)
+                    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
                     mb_actions = actions[:, mb_envs].flatten()
                     newlogprob, entropy, newvalue = probs.log_prob(mb_actions), probs.entropy(), newvalue.flatten()
                     mb_logprobs, mb_advantages = logprobs[:, mb_envs].flatten(), advantages[:, mb_envs].flatten()
@@ -625,6 +626,8 @@ def main(args: Args) -> None:
             done_iteration, done_step = iteration, global_step  # the last iteration whose update is complete
             if args.save_model and iteration % args.save_interval == 0:
                 save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+    except KeyboardInterrupt:
+        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and a last (finite) checkpoint
         if args.save_model and finite and done_iteration >= start_iteration:

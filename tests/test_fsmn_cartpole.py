@@ -1,0 +1,386 @@
+"""ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, and learning."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    EPISODE_TAGS,
+    ITERATION_TAGS,
+    ROOT,
+    assert_one_line_error,
+    first_step_reaching,
+    import_script,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
+
+SCRIPT = "ppo_fsmn_cartpole.py"
+p = import_script("ppo_fsmn_cartpole")
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+
+
+def random_agent(memory_order: int, num_blocks: int, separate_trunks: bool, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
+    """An agent whose memory taps are random (they start at zero, which would hide a wrong tap)."""
+    torch.manual_seed(seed)
+    args = p.Args(memory_order=memory_order, num_blocks=num_blocks, separate_trunks=separate_trunks, hidden_dim=16)
+    agent = p.Agent(obs_dim, 2, args)
+    with torch.no_grad():
+        for trunk in agent.trunks:
+            for block in trunk.blocks:
+                block.taps.normal_(0.0, 0.5)
+    return agent
+
+
+def run_steps(agent, obs: torch.Tensor, cache: torch.Tensor, starts: torch.Tensor):
+    """The rollout's way: one step at a time, the cache carried along. Returns logits, values, caches per step."""
+    logits, values, caches = [], [], [cache]
+    for t in range(obs.shape[0]):
+        logit, value, cache = agent.step(obs[t], cache, starts[t])
+        logits.append(logit)
+        values.append(value)
+        caches.append(cache)
+    return torch.stack(logits), torch.stack(values), caches
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The FSMN: cached step-by-step inference equals the one-pass sequence, memory taps, episode isolation
+
+
+@pytest.mark.parametrize("memory_order", [0, 1, 4, 8])
+@pytest.mark.parametrize("num_blocks", [1, 3])
+@pytest.mark.parametrize("lengths", [(1, 1), (5, 12), (20, 20)])
+@pytest.mark.parametrize("separate_trunks", [False, True])
+@pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
+def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths, separate_trunks, reset_prob):
+    """Two consecutive rollouts run step by step equal the training pass over each, started from the cache
+    the rollout saved at its start (so the test crosses the boundary between two rollouts)."""
+    agent = random_agent(memory_order, num_blocks, separate_trunks)
+    t1, t2 = lengths
+    num_envs = 5
+    generator = torch.Generator().manual_seed(memory_order * 100 + num_blocks * 10 + t1)
+    obs = torch.randn(t1 + t2, num_envs, 3, generator=generator)
+    starts = torch.rand(t1 + t2, num_envs, generator=generator) < reset_prob
+    starts[0] = True  # the very first step begins every episode, as in the script
+    with torch.no_grad():
+        step_logits, step_values, caches = run_steps(agent, obs, agent.initial_cache(num_envs, "cpu"), starts)
+        logits1, values1 = agent.sequence(obs[:t1], caches[0], starts[:t1])
+        logits2, values2 = agent.sequence(obs[t1:], caches[t1], starts[t1:])
+    torch.testing.assert_close(torch.cat([logits1, logits2]), step_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
+
+
+def reference_block(block, xs: list[torch.Tensor], starts: list[bool]) -> list[torch.Tensor]:
+    """One FSMN block, one environment, written as the paper's formula with a plain Python loop:
+    h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-i} (only steps of the same episode);
+    y_t = LayerNorm(x_t + W_out m_t)."""
+    hs, outputs, episode_begin = [], [], 0
+    for t, x in enumerate(xs):
+        if starts[t]:
+            episode_begin = t
+        h = torch.tanh(x @ block.proj_in.weight.T + block.proj_in.bias)
+        hs.append(h)
+        m = h.clone()
+        for i in range(block.memory_order + 1):
+            if t - i >= episode_begin:
+                m = m + block.taps[i] * hs[t - i]
+        y = x + m @ block.proj_out.weight.T + block.proj_out.bias
+        outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
+    return outputs
+
+
+@pytest.mark.parametrize("memory_order", [0, 2, 6])
+def test_block_matches_the_formula(memory_order):
+    """Tap a_0 weights the current step and a_i the step i back (the seed project had them reversed)."""
+    torch.manual_seed(1)
+    block = p.FSMNBlock(8, memory_order)
+    with torch.no_grad():
+        block.taps.copy_(torch.randn_like(block.taps))
+        xs = [torch.randn(8) for _ in range(15)]
+        starts = [t in (0, 4, 5, 11) for t in range(15)]
+        expected = torch.stack(reference_block(block, xs, starts))
+        ids = torch.cumsum(torch.tensor(starts).long(), 0).unsqueeze(1)  # (T, 1)
+        ids = torch.cat([torch.zeros(memory_order, 1, dtype=torch.long), ids])
+        same = (ids.unfold(0, memory_order + 1, 1) == ids[memory_order:].unsqueeze(-1)).unsqueeze(2).float()
+        got = block.sequence(torch.stack(xs).unsqueeze(1), torch.zeros(1, memory_order, 8), same).squeeze(1)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_memory_reaches_exactly_memory_order_steps_back():
+    """With one block, an observation k steps back changes the output iff k <= memory_order."""
+    agent = random_agent(memory_order=3, num_blocks=1, separate_trunks=False)
+    obs = torch.randn(10, 1, 3)
+    starts = torch.zeros(10, 1, dtype=torch.bool)
+    starts[0] = True
+    cache = agent.initial_cache(1, "cpu")
+    with torch.no_grad():
+        base, _ = agent.sequence(obs, cache, starts)
+        for k in range(6):
+            changed = obs.clone()
+            changed[9 - k] += 1.0
+            logits, _ = agent.sequence(changed, cache, starts)
+            assert bool((logits[9] - base[9]).abs().max() > 1e-6) == (k <= 3), k
+
+
+@pytest.mark.parametrize("memory_order", [1, 8])
+def test_nothing_crosses_an_episode_start(memory_order):
+    """Changing the observations of a finished episode changes nothing from the next episode's first step on,
+    in the rollout (cached steps) and in training (one pass), while it does change the finished episode."""
+    agent = random_agent(memory_order, num_blocks=2, separate_trunks=True)
+    obs = torch.randn(24, 2, 3)
+    starts = torch.zeros(24, 2, dtype=torch.bool)
+    starts[0] = True
+    starts[10, 0] = starts[14, 1] = True  # env 0's second episode begins at step 10, env 1's at 14
+    changed = obs.clone()
+    changed[:10, 0] += torch.randn(10, 3)
+    changed[:14, 1] += torch.randn(14, 3)
+    cache = agent.initial_cache(2, "cpu")
+    with torch.no_grad():
+        for run in (lambda o: run_steps(agent, o, cache, starts)[:2], lambda o: agent.sequence(o, cache, starts)):
+            (logits_a, values_a), (logits_b, values_b) = run(obs), run(changed)
+            torch.testing.assert_close(logits_a[10:, 0], logits_b[10:, 0], rtol=0, atol=0)
+            torch.testing.assert_close(values_a[14:, 1], values_b[14:, 1], rtol=0, atol=0)
+            assert (values_a[:10, 0] - values_b[:10, 0]).abs().max() > 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GAE and episode boundaries
+
+
+def reference_gae(rewards, values, terminations, truncations, final_values, next_value, gamma, lam):
+    """A plain per-env loop: terminated steps bootstrap nothing, truncated ones the value of their final obs."""
+    num_steps, num_envs = rewards.shape
+    advantages = np.zeros((num_steps, num_envs))
+    for env in range(num_envs):
+        following = 0.0
+        for t in reversed(range(num_steps)):
+            if terminations[t, env]:
+                successor, carry = 0.0, 0.0
+            elif truncations[t, env]:
+                successor, carry = final_values[t, env], 0.0
+            else:
+                successor = values[t + 1, env] if t + 1 < num_steps else next_value[env]
+                carry = following
+            delta = rewards[t, env] + gamma * successor - values[t, env]
+            following = delta + gamma * lam * carry
+            advantages[t, env] = following
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_a_plain_loop(seed):
+    rng = np.random.default_rng(seed)
+    num_steps, num_envs = 33, 6
+    rewards, values = rng.normal(size=(num_steps, num_envs)), rng.normal(size=(num_steps, num_envs))
+    terminations = rng.random((num_steps, num_envs)) < 0.1
+    truncations = rng.random((num_steps, num_envs)) < 0.1  # both at once happens too: termination wins
+    final_values = rng.normal(size=(num_steps, num_envs)) * truncations
+    next_value = rng.normal(size=num_envs)
+    expected = reference_gae(rewards, values, terminations, truncations, final_values, next_value, 0.97, 0.9)
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    got = p.compute_gae(
+        t(rewards), t(values), t(terminations).bool(), t(truncations).bool(), t(final_values), t(next_value), 0.97, 0.9
+    )
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy(), e, atol=1e-10)
+
+
+def test_vector_env_same_step_autoreset():
+    """The contract the rollout relies on: with SAME_STEP, a done step returns the next episode's first
+    observation and keeps the finished one's last observation in info['final_obs']."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=5)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    obs, _ = envs.reset(seed=0)
+    last = obs
+    for _ in range(5):
+        obs, _, terminated, truncated, infos = envs.step(np.zeros(2, dtype=np.int64))
+        if not (terminated | truncated).any():
+            last = obs
+    assert truncated.all() and not terminated.any()
+    final_obs = np.stack(infos["final_obs"])
+    assert np.all(np.abs(obs) <= 0.05)  # CartPole resets uniformly in [-0.05, 0.05]
+    assert not np.allclose(final_obs, obs) and not np.allclose(final_obs, last)
+    envs.close()
+
+
+def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
+    """Inside the script's own loop: final values are filled exactly at truncated steps, each the critic's value
+    of that episode's final observation with that episode's memory, and episode starts follow the dones."""
+    gym.register("CartPoleShort-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+    seen = []
+    original = p.compute_gae
+
+    def spy(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda):
+        seen.append([x.clone() for x in (terminations, truncations, final_values)])
+        return original(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda)
+
+    monkeypatch.setattr(p, "compute_gae", spy)
+    p.main(p.Args(env_id="CartPoleShort-v1", num_envs=4, num_steps=40, total_timesteps=320, num_minibatches=2, progress=False))
+    terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
+    assert truncations.any() and terminations.any()
+    assert (final_values[~truncations] == 0).all()
+    assert (final_values[truncations & ~terminations] != 0).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Determinism and a non-finite loss
+
+
+def losses_of_run(seed: int, name: str) -> list[float]:
+    args = p.Args(seed=seed, num_envs=4, num_steps=32, total_timesteps=4 * 32 * 3, num_minibatches=2, progress=False)
+    args.exp_name = name
+    p.main(args)
+    (run_dir,) = glob.glob(f"runs/*__{name}__*")
+    scalars = read_scalars(run_dir)
+    return [v for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl") for _, v in scalars[tag]]
+
+
+def test_same_seed_same_losses(in_tmp):
+    first, second, other = losses_of_run(3, "first"), losses_of_run(3, "second"), losses_of_run(4, "other")
+    assert len(first) == 9
+    assert first == second
+    assert first != other
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatch):
+    calls = []
+    original = p.compute_gae
+
+    def poisoned(*args, **kwargs):
+        advantages, returns = original(*args, **kwargs)
+        calls.append(1)
+        return (advantages * float("nan"), returns) if len(calls) >= 3 else (advantages, returns)
+
+    monkeypatch.setattr(p, "compute_gae", poisoned)
+    args = p.Args(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, progress=False)
+    args.save_model, args.save_interval = True, 1
+    with pytest.raises(SystemExit, match="non-finite loss at iteration 3"):
+        p.main(args)
+    checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
+    assert checkpoint["iteration"] == 2
+    assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI: smoke run, checkpoint, resume, evaluation, tracking, Ctrl-C, bad input
+
+
+@pytest.mark.smoke
+def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
+    cwd = str(tmp_path)
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "512", "--save-model", "--save-interval", "2", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert ITERATION_TAGS <= set(scalars), set(scalars)
+    assert EPISODE_TAGS <= set(scalars), set(scalars)
+    assert [step for step, _ in scalars["charts/SPS"]] == [128, 256, 384, 512]
+
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    assert checkpoint["script"] == "ppo_fsmn_cartpole"
+    assert (checkpoint["iteration"], checkpoint["global_step"]) == (4, 512)
+    assert {"args", "model", "optimizer", "rng_states", "run_name"} <= set(checkpoint)
+    assert not glob.glob(os.path.join(run_dir, "*.tmp"))
+
+    # resume: the same run directory goes on from step 512 to 1024
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "1024", "--save-model", "--resume", checkpoint_path, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert run_dirs(cwd) == [run_dir]
+    steps = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
+    assert steps == [128, 256, 384, 512, 640, 768, 896, 1024]
+    assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 1024
+
+    # evaluation: N whole episodes with the saved policy, mean and std printed
+    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 3 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+def test_track_writes_an_offline_wandb_run(tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "256", "--track", cwd=str(tmp_path), env=env)
+    assert result.returncode == 0, result.stderr
+    (offline_run,) = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*"))
+    assert glob.glob(os.path.join(offline_run, "*.wandb"))
+
+
+@pytest.mark.smoke
+def test_capture_video_writes_an_mp4(tmp_path):
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "256", "--capture-video", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(os.path.join(tmp_path, "videos", "*", "*.mp4"))
+
+
+@pytest.mark.smoke
+def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
+    flags = [*TINY, "--total-timesteps", "10000000", "--save-model", "--save-interval", "1000"]
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, SCRIPT), *flags],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until at least one iteration has been logged
+        events = glob.glob(os.path.join(tmp_path, "runs", "*", "events.*"))
+        if events and "charts/SPS" in read_scalars(os.path.dirname(events[0])):
+            break
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "interrupted during iteration" in stdout
+    (run_dir,) = run_dirs(str(tmp_path))
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["iteration"] >= 1
+    assert len(read_scalars(run_dir)["charts/SPS"]) >= checkpoint["iteration"]
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
+        (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Discrete"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "--num-envs=8"]),
+        (["--env-id", "Acrobot-v1", "--mask-velocity"], ["--mask-velocity", "CartPole"]),
+        (["--resume", "missing.pt"], ["--resume=missing.pt"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
+    assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
+    path = os.path.join(tmp_path, "other.pt")
+    torch.save({"script": "ppo_atari", "model": {}}, path)
+    result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
+    assert_one_line_error(result, f"{flag}={path}", "ppo_atari", "ppo_fsmn_cartpole.py")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Learning
+
+
+@pytest.mark.learning
+def test_default_settings_solve_cartpole_within_150k_steps(tmp_path):
+    """Default flags, seed 1: the mean return of the last 20 episodes reaches 475 within 150k steps."""
+    result = run_script(SCRIPT, "--seed", "1", "--total-timesteps", "150000", "--no-progress", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    returns = read_scalars(run_dirs(str(tmp_path))[0])["charts/episodic_return"]
+    reached = first_step_reaching(returns, 475.0)
+    assert reached is not None and reached <= 150_000, (
+        f"best mean of 20: {max(np.convolve([r for _, r in returns], np.ones(20) / 20, 'valid'))}"
+    )
