@@ -114,6 +114,8 @@ class Args:
     """number of past hidden states each block remembers (0: the memoryless ablation)"""
     separate_trunks: bool = False
     """give the actor and the critic a trunk each (default: one shared trunk)"""
+    norm_obs: bool = True
+    """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -187,6 +189,32 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+class RunningNorm(nn.Module):
+    """Observation normalisation by a running mean and variance (Chan et al.'s parallel update, as in SB3's
+    VecNormalize), clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which
+    never calls `update`, uses them frozen. Velocities hidden, CartPole's policy reads them from differences of
+    consecutive angles of about 1e-3 rad: unit-variance inputs make those differences learnable."""
+
+    def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.clip, self.epsilon = clip, epsilon
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """x: (B, dim), a batch of raw observations."""
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+
+
 class FSMNBlock(nn.Module):
     """One DFSMN block, run either one step at a time (with a cache) or over a whole sequence.
 
@@ -258,6 +286,7 @@ class Agent(nn.Module):
         )
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+        self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
 
     def initial_cache(self, num_envs: int, device: torch.device) -> torch.Tensor:
         num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
@@ -294,6 +323,16 @@ class Agent(nn.Module):
         caches = cache.chunk(len(self.trunks))
         features = [trunk.sequence(obs, c, same_episode) for trunk, c in zip(self.trunks, caches)]
         return self.actor(features[0]), self.critic(features[-1]).squeeze(-1)
+
+
+def observe(agent: Agent, raw_obs: np.ndarray, update: bool, device: torch.device) -> torch.Tensor:
+    """Raw env observations (num_envs, obs_dim) -> what the policy sees and the rollout stores: normalised by the
+    running statistics, updated first with this batch in training. Stored normalised, a sample is replayed in
+    training exactly as it was seen, whatever the statistics became later."""
+    raw = torch.as_tensor(raw_obs, dtype=torch.float32, device=device)
+    if update:
+        agent.obs_norm.update(raw)
+    return agent.obs_norm(raw)
 
 
 def compute_gae(
@@ -402,7 +441,7 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
         obs, _ = env.reset(seed=seed + episode)
         cache, start, done, total = agent.initial_cache(1, device), torch.ones(1, dtype=torch.bool, device=device), False, 0.0
         while not done:
-            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
             logits, _, cache = agent.step(obs_t, cache, start)
             action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
@@ -489,7 +528,7 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    next_obs = observe(agent, next_obs, args.norm_obs, device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
     cache = agent.initial_cache(args.num_envs, device)  # (L, num_envs, N, H) memory of the running episodes
     recent_returns, finite, done_iteration, done_step = [], True, start_iteration - 1, global_step
@@ -527,12 +566,12 @@ def main(args: Args) -> None:
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
                     with torch.no_grad():
                         _, final_value, _ = agent.step(
-                            torch.as_tensor(final_obs, dtype=torch.float32, device=device),
+                            agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device)),
                             cache,
                             torch.zeros(args.num_envs, dtype=torch.bool, device=device),
                         )
                     final_values[step] = final_value * truncations[step]
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                next_obs = observe(agent, next_obs_np, args.norm_obs, device)
                 next_done = terminations[step] | truncations[step]
 
                 # TRY NOT TO MODIFY: episode statistics

@@ -151,6 +151,41 @@ def test_nothing_crosses_an_episode_start(memory_order):
             assert (values_a[:10, 0] - values_b[:10, 0]).abs().max() > 1e-4
 
 
+def test_running_norm_matches_sb3_running_mean_std():
+    """Against SB3's RunningMeanStd (float64, the same 1e-4 prior count), and the normalised values against numpy."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    rng = np.random.default_rng(0)
+    norm, reference = p.RunningNorm(3), RunningMeanStd(epsilon=1e-4, shape=(3,))
+    batches = [rng.normal(loc=[5.0, -2.0, 0.0], scale=[0.01, 3.0, 1.0], size=(n, 3)) for n in (1, 7, 64, 3)]
+    for batch in batches:
+        norm.update(torch.as_tensor(batch, dtype=torch.float32))
+        reference.update(batch)
+    np.testing.assert_allclose(norm.mean.numpy(), reference.mean, rtol=1e-5)
+    np.testing.assert_allclose(norm.var.numpy(), reference.var, rtol=1e-3)
+    x = np.concatenate(batches)[:5]
+    expected = np.clip((x - reference.mean) / np.sqrt(reference.var + 1e-8), -10, 10)
+    np.testing.assert_allclose(norm(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monkeypatch):
+    args = p.Args(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2, progress=False)
+    args.save_model = True
+    p.main(args)
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["model"]["obs_norm.count"] > 100  # updated in training
+    agent, _ = p.build_agent_from_checkpoint(checkpoint, torch.device("cpu"))
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(agent.obs_norm, name), checkpoint["model"][f"obs_norm.{name}"], rtol=0, atol=0)
+
+    def no_update(self, x):
+        raise AssertionError("evaluation must not update the normalisation statistics")
+
+    monkeypatch.setattr(p.RunningNorm, "update", no_update)
+    assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # GAE and episode boundaries
 

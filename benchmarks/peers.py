@@ -1,0 +1,122 @@
+"""Peers to benchmark against, side by side, logging the same TensorBoard tags as our scripts.
+
+    python benchmarks/peers.py recurrent-ppo --seed 1 --total-timesteps 150000     # sb3-contrib LSTM, masked CartPole
+    python benchmarks/peers.py sb3-ppo --env-id CartPole-v1 --num-envs 4 --num-steps 128 --batch-size 128 --epochs 4
+
+Runs are written to runs/{env_id}__{exp_name}__{seed}__{time}, as the scripts do, with `charts/episodic_return`,
+`charts/episodic_length` and `charts/SPS`, so benchmarks/report.py and benchmarks/sps.py read both alike.
+"""
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from sb3_contrib import RecurrentPPO
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+from torch.utils.tensorboard import SummaryWriter
+
+
+class CleanRLTags(BaseCallback):
+    """Writes CleanRL's tags from SB3's Monitor infos: a return per finished episode, SPS per rollout."""
+
+    def __init__(self, writer: SummaryWriter):
+        super().__init__()
+        self.writer, self.start = writer, time.time()
+
+    def _on_step(self) -> bool:
+        for info in self.locals["infos"]:
+            if "episode" in info:
+                self.writer.add_scalar("charts/episodic_return", info["episode"]["r"], self.num_timesteps)
+                self.writer.add_scalar("charts/episodic_length", info["episode"]["l"], self.num_timesteps)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.writer.add_scalar("charts/SPS", int(self.num_timesteps / (time.time() - self.start)), self.num_timesteps)
+
+
+def mask_velocity(env: gym.Env) -> gym.Env:
+    """CartPole without velocities, observation [x, theta]: the same masking as ppo_fsmn_cartpole.py --mask-velocity."""
+    low, high = env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]]
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: obs[[0, 2]], observation_space=gym.spaces.Box(low, high, dtype=np.float32)
+    )
+
+
+@dataclass
+class RecurrentPPOArgs:
+    """sb3-contrib RecurrentPPO with the RL Zoo's `ppo_lstm` settings for CartPoleNoVel-v1."""
+
+    seed: int = 1
+    total_timesteps: int = 150_000
+    exp_name: str = "sb3_recurrent_ppo"
+    env_id: str = "CartPole-v1"
+
+
+def recurrent_ppo(args: RecurrentPPOArgs) -> None:
+    envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=mask_velocity)
+    envs = VecNormalize(envs)  # the zoo's `normalize: true`
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        envs,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        learning_rate=lambda remaining: 1e-3 * remaining,  # the zoo's lin_1e-3: linear decay to 0
+        clip_range=lambda remaining: 0.2 * remaining,  # lin_0.2
+        policy_kwargs=dict(
+            ortho_init=False,
+            activation_fn=torch.nn.ReLU,
+            lstm_hidden_size=64,
+            enable_critic_lstm=True,
+            net_arch=dict(pi=[64], vf=[64]),
+        ),
+        seed=args.seed,
+        device="cpu",
+    )
+    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
+    writer.close()
+
+
+@dataclass
+class PPOArgs:
+    """SB3 PPO (MlpPolicy), for throughput at settings equal to a script's."""
+
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    total_timesteps: int = 50_000
+    num_envs: int = 4
+    num_steps: int = 128
+    batch_size: int = 128
+    epochs: int = 4
+    exp_name: str = "sb3_ppo"
+
+
+def sb3_ppo(args: PPOArgs) -> None:
+    envs = make_vec_env(args.env_id, n_envs=args.num_envs, seed=args.seed)
+    model = PPO(
+        "MlpPolicy",
+        envs,
+        n_steps=args.num_steps,
+        batch_size=args.batch_size,
+        n_epochs=args.epochs,
+        seed=args.seed,
+        device="cpu",
+    )
+    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
+    writer.close()
+
+
+if __name__ == "__main__":
+    args = tyro.extras.subcommand_cli_from_dict({"recurrent-ppo": RecurrentPPOArgs, "sb3-ppo": PPOArgs})
+    recurrent_ppo(args) if isinstance(args, RecurrentPPOArgs) else sb3_ppo(args)

@@ -1,0 +1,424 @@
+"""ppo_continuous.py: the tanh-squashed Gaussian against torch.distributions, normalisation that survives a
+checkpoint, GAE and truncations, the CLI on Pendulum, BipedalWalker and HalfCheetah, and learning on Pendulum."""
+
+import glob
+import math
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    EPISODE_TAGS,
+    ITERATION_TAGS,
+    assert_one_line_error,
+    first_step_reaching,
+    import_script,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
+from test_fsmn_cartpole import reference_gae
+from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+SCRIPT = "ppo_continuous.py"
+p = import_script("ppo_continuous")
+TINY = ["--num-envs", "2", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+
+
+def random_params(seed: int, batch: int = 64, act_dim: int = 3, dtype=torch.float64):
+    """Random means, log-stds and bounds: bounds of every width, offset from zero, some of them very narrow."""
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(batch, act_dim, generator=g, dtype=dtype) * 3
+    log_std = torch.rand(batch, act_dim, generator=g, dtype=dtype) * 4 - 3  # std in [0.05, 2.7]
+    low = torch.randn(act_dim, generator=g, dtype=dtype) * 5
+    width = torch.tensor([1e-3, 1.0, 40.0], dtype=dtype)[:act_dim]
+    return mean, log_std, low, low + width, g
+
+
+def reference_distribution(mean, log_std, low, high) -> TransformedDistribution:
+    """torch's own squashed Gaussian: Normal, then tanh, then the affine map of [-1, 1] onto [low, high]. Both
+    transforms cache their last input, so log_prob of a sample never goes through atanh."""
+    return TransformedDistribution(
+        Normal(mean, log_std.exp()),
+        [TanhTransform(cache_size=1), AffineTransform(loc=(high + low) / 2, scale=(high - low) / 2, cache_size=1)],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The tanh-squashed Gaussian
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("spread", [1.0, 4.0])  # 4: samples deep in the tails, actions within float eps of the bounds
+def test_log_prob_and_sample_match_torch_distributions(seed, spread):
+    mean, log_std, low, high, _ = random_params(seed)
+    mean = mean * spread
+    reference = reference_distribution(mean, log_std, low, high)
+    torch.manual_seed(seed)
+    u = reference.base_dist.sample()
+    action = reference.transforms[1](reference.transforms[0](u))  # both transforms now cache their input
+    torch.testing.assert_close(p.squash_action(u, low, high), action, rtol=0, atol=1e-12)
+    expected = reference.log_prob(action).sum(-1)
+    got = p.squashed_log_prob(u, mean, log_std, low, high)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-8)
+
+
+def test_log_prob_matches_the_naive_formula_where_it_is_finite():
+    """Independent of torch's TanhTransform: log N(u) - log(1 - tanh(u)^2) - log((high - low) / 2) in float64."""
+    mean, log_std, low, high, g = random_params(7)
+    u = torch.randn(mean.shape, generator=g, dtype=torch.float64) * 4
+    naive = Normal(mean, log_std.exp()).log_prob(u) - torch.log(1 - torch.tanh(u) ** 2) - torch.log((high - low) / 2)
+    torch.testing.assert_close(p.squashed_log_prob(u, mean, log_std, low, high), naive.sum(-1), rtol=1e-9, atol=1e-9)
+
+
+def test_sampling_distribution_matches_torch_distributions():
+    """The agent's own sampler (mean + std * noise, then squash) draws from the same distribution as torch's:
+    equal quantiles of 200k actions per dimension."""
+    mean = torch.tensor([[0.3, -2.0, 1.5]])
+    log_std = torch.tensor([[0.0, -1.0, 0.7]])
+    low, high = torch.tensor([-2.0, 0.0, -0.5]), torch.tensor([2.0, 1.0, 3.0])
+    torch.manual_seed(0)
+    u = mean + log_std.exp() * torch.randn(200_000, 3)
+    ours = p.squash_action(u, low, high)
+    theirs = reference_distribution(mean.double(), log_std.double(), low.double(), high.double()).sample((200_000,))[:, 0]
+    q = torch.tensor([0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99], dtype=torch.float64)
+    scale = (high - low).double()
+    torch.testing.assert_close(
+        torch.quantile(ours.double(), q, dim=0) / scale, torch.quantile(theirs, q, dim=0) / scale, atol=0.01, rtol=0
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_nan_or_inf_for_large_pre_squash_values(dtype):
+    """|u| up to 20 (tanh(u) == +-1 in float32 from |u| ~ 9): log-prob, log-det and gradients stay finite."""
+    u = torch.linspace(-20, 20, 401, dtype=dtype).unsqueeze(-1).requires_grad_()
+    mean = torch.zeros(401, 1, dtype=dtype, requires_grad=True)
+    log_std = torch.full((401, 1), 1.0, dtype=dtype, requires_grad=True)
+    low, high = torch.tensor([-2.0], dtype=dtype), torch.tensor([2.0], dtype=dtype)
+    log_det = p.tanh_log_abs_det(u)
+    logprob = p.squashed_log_prob(u, mean, log_std, low, high)
+    entropy = p.squashed_entropy(mean, log_std, low, high, u.detach() * 2)
+    (logprob.sum() + entropy.sum()).backward()
+    for t in (log_det, logprob, entropy, u.grad, mean.grad, log_std.grad):
+        assert torch.isfinite(t).all()
+    # -log(1 - tanh(u)^2) ~ 2|u| - 2 log 2 in the tails
+    torch.testing.assert_close(log_det[[0, -1], 0], torch.full((2,), -2 * 20 + 2 * math.log(2), dtype=dtype))
+    action = p.squash_action(u.detach(), low, high)
+    assert ((action >= low) & (action <= high)).all()
+
+
+def test_entropy_estimate_is_unbiased():
+    """Averaged over many noise draws, the one-sample estimate equals -E[log p(a)] under torch's distribution."""
+    mean, log_std = torch.tensor([[0.5, -1.0]], dtype=torch.float64), torch.tensor([[0.3, -0.5]], dtype=torch.float64)
+    low, high = torch.tensor([-1.0, 0.0], dtype=torch.float64), torch.tensor([1.0, 5.0], dtype=torch.float64)
+    torch.manual_seed(0)
+    estimate = p.squashed_entropy(mean, log_std, low, high, torch.randn(400_000, 2, dtype=torch.float64)).mean()
+    reference = reference_distribution(mean, log_std, low, high)
+    monte_carlo = -reference.log_prob(reference.sample((400_000,))).sum(-1).mean()
+    assert abs(estimate - monte_carlo) < 0.02, (estimate, monte_carlo)
+
+
+def make_agent(state_dependent_std: bool, seed: int = 0, log_std_init: float = 0.0):
+    torch.manual_seed(seed)
+    args = p.Args(state_dependent_std=state_dependent_std, log_std_init=log_std_init, actor_hidden_sizes=(16,))
+    space = gym.spaces.Box(np.array([-3.0, 0.5, -0.01], np.float32), np.array([-1.0, 0.6, 0.01], np.float32))
+    return p.Agent(5, space, args), space
+
+
+@pytest.mark.parametrize("state_dependent_std", [False, True])
+def test_actions_within_bounds_and_deterministic_action_is_rescaled_tanh_mean(state_dependent_std):
+    agent, space = make_agent(state_dependent_std, log_std_init=2.0)  # wide: many samples saturate tanh
+    with torch.no_grad():
+        agent.actor_mean.weight.normal_(0, 3)  # means far in the tails too
+        x = torch.randn(4096, 5) * 3
+        u, logprob, entropy, value = agent.get_action_and_value(x)
+        assert u.shape == (4096, 3) and logprob.shape == entropy.shape == value.shape == (4096,)
+        assert torch.isfinite(logprob).all() and torch.isfinite(entropy).all()
+        for action in (p.squash_action(u, agent.action_low, agent.action_high), agent.act(x, deterministic=False)):
+            assert all(space.contains(a) for a in action.numpy())
+        mean, log_std = agent.actor_params(x)
+        assert (log_std >= agent.log_std_min).all() and (log_std <= agent.log_std_max).all()
+        low, high = torch.as_tensor(space.low), torch.as_tensor(space.high)
+        torch.testing.assert_close(agent.act(x, deterministic=True), low + (torch.tanh(mean) + 1) / 2 * (high - low))
+        # the log-prob of a given u is the one the rollout stored: evaluation on stored samples is exact
+        _, again, _, _ = agent.get_action_and_value(x, u)
+        torch.testing.assert_close(again, logprob, rtol=0, atol=0)
+
+
+def test_state_dependent_std_depends_on_the_state():
+    agent, _ = make_agent(state_dependent_std=True, log_std_init=-0.5)
+    with torch.no_grad():
+        _, log_std = agent.actor_params(torch.randn(8, 5))
+    assert log_std.std(0).max() > 0 and abs(log_std.mean() + 0.5) < 0.1
+    agent, _ = make_agent(state_dependent_std=False, log_std_init=-0.5)
+    with torch.no_grad():
+        _, log_std = agent.actor_params(torch.randn(8, 5))
+    assert (log_std == -0.5).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Normalisation statistics: correct, saved, restored exactly, frozen in evaluation
+
+
+def test_running_mean_std_matches_numpy():
+    rms = p.RunningMeanStd((3,), epsilon=0.0 + 1e-12)
+    data = np.random.default_rng(0).normal(loc=[1.0, -5.0, 100.0], scale=[0.1, 2.0, 30.0], size=(1000, 3))
+    for chunk in np.array_split(data, 17):
+        rms.update(torch.as_tensor(chunk))
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-6)
+    assert float(rms.count) == pytest.approx(1000)
+
+
+def stats_of(state: dict) -> dict:
+    return {k: v.clone() for k, v in state.items() if k.startswith(("obs_rms.", "return_rms."))}
+
+
+def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp, monkeypatch):
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)
+    args.save_model = True
+    p.main(args)
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    saved = stats_of(checkpoint["model"])
+    assert set(saved) == {f"{m}.{b}" for m in ("obs_rms", "return_rms") for b in ("mean", "var", "count")}
+    # every observation the rollouts saw (the first reset, then one per step) went into the statistics
+    assert float(saved["obs_rms.count"]) == pytest.approx(1e-4 + 2 * (1 + 64 * 3))
+    assert float(saved["return_rms.count"]) == pytest.approx(1e-4 + 2 * 64 * 3)
+    assert (saved["obs_rms.var"] != 1).all() and (saved["obs_rms.mean"] != 0).all()
+
+    agent, _ = p.build_agent_from_checkpoint(checkpoint, torch.device("cpu"))
+    for key, value in stats_of(agent.state_dict()).items():
+        assert value.dtype == torch.float64 and torch.equal(value, saved[key]), key
+
+    def no_update(self, x):
+        raise AssertionError("evaluation must not update the normalisation statistics")
+
+    monkeypatch.setattr(p.RunningMeanStd, "update", no_update)
+    returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    assert len(returns) == 2 and all(-3300 < r <= 0 for r in returns)
+    monkeypatch.undo()
+
+    # evaluation with frozen statistics is reproducible: same returns on a second load
+    assert p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0) == returns
+
+    # --resume starts from the saved statistics: after 2 more iterations the count is the saved one plus the new samples
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 5, num_minibatches=2, progress=False)
+    args.save_model, args.resume = True, path
+    p.main(args)
+    resumed = stats_of(torch.load(path, weights_only=True)["model"])
+    assert float(resumed["obs_rms.count"]) == pytest.approx(float(saved["obs_rms.count"]) + 2 * (1 + 64 * 2))
+
+
+def test_normalize_obs_is_clipped_and_off_with_no_norm_obs():
+    agent, _ = make_agent(False)
+    with torch.no_grad():
+        agent.obs_rms.mean.fill_(1.0)
+        agent.obs_rms.var.fill_(0.01)
+    x = torch.tensor([[1.0, 1.1, 0.9, 100.0, -100.0]])
+    torch.testing.assert_close(agent.normalize_obs(x, update=False), torch.tensor([[0.0, 1.0, -1.0, 10.0, -10.0]]))
+    args = p.Args(norm_obs=False)
+    plain = p.Agent(5, gym.spaces.Box(-1, 1, (1,)), args)
+    assert plain.normalize_obs(x, update=True) is x and float(plain.obs_rms.count) == pytest.approx(1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GAE and truncations
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_matches_a_plain_loop(seed):
+    rng = np.random.default_rng(seed)
+    num_steps, num_envs = 40, 5
+    rewards, values = rng.normal(size=(num_steps, num_envs)), rng.normal(size=(num_steps, num_envs))
+    terminations = rng.random((num_steps, num_envs)) < 0.05
+    truncations = rng.random((num_steps, num_envs)) < 0.1
+    final_values = rng.normal(size=(num_steps, num_envs)) * truncations
+    next_value = rng.normal(size=num_envs)
+    expected = reference_gae(rewards, values, terminations, truncations, final_values, next_value, 0.95, 0.95)
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    got = p.compute_gae(
+        t(rewards), t(values), t(terminations).bool(), t(truncations).bool(), t(final_values), t(next_value), 0.95, 0.95
+    )
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy(), e, atol=1e-10)
+
+
+def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, monkeypatch):
+    """Inside the script's loop, on a Pendulum truncated every 12 steps: final values are filled exactly at the
+    truncated steps, each the critic's value of the raw final observation normalised with the current statistics
+    (without updating them)."""
+    gym.register("PendulumShort-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=12)
+    seen, normalized, valued = [], [], []
+    original_gae, original_norm, original_value = p.compute_gae, p.Agent.normalize_obs, p.Agent.get_value
+
+    def spy_gae(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda):
+        seen.append([x.clone() for x in (terminations, truncations, final_values)])
+        return original_gae(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda)
+
+    def spy_norm(self, x, update):
+        before = stats_of(self.state_dict())
+        out = original_norm(self, x, update)
+        normalized.append((x.clone(), update, out.clone(), before))
+        return out
+
+    def spy_value(self, x):
+        value = original_value(self, x)
+        valued.append((x.clone(), value.clone()))
+        return value
+
+    monkeypatch.setattr(p, "compute_gae", spy_gae)
+    monkeypatch.setattr(p.Agent, "normalize_obs", spy_norm)
+    monkeypatch.setattr(p.Agent, "get_value", spy_value)
+    args = p.Args(env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=3 * 20 * 3, progress=False)
+    args.num_minibatches = 2
+    p.main(args)
+    terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
+    assert truncations.sum() == 3 * (60 // 12) and not terminations.any()
+    assert (final_values[~truncations] == 0).all() and (final_values[truncations] != 0).all()
+
+    final_calls = [(x, out, before) for x, update, out, before in normalized if not update]
+    assert len(final_calls) == 60 // 12  # all three envs are truncated at the same steps
+    for (x, out, before), expected_values in zip(final_calls, final_values[truncations].view(-1, 3)):
+        torch.testing.assert_close(x[:, 0] ** 2 + x[:, 1] ** 2, torch.ones(3))  # (cos, sin, omega): a real observation
+        expected = ((x - before["obs_rms.mean"]) / torch.sqrt(before["obs_rms.var"] + 1e-8)).clamp(-10, 10).float()
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        (value,) = [v for inp, v in valued if inp.shape == out.shape and torch.equal(inp, out)]
+        torch.testing.assert_close(value, expected_values, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Determinism and a non-finite loss
+
+
+def losses_of_run(seed: int, name: str) -> list[float]:
+    args = p.Args(seed=seed, num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)
+    args.exp_name = name
+    p.main(args)
+    (run_dir,) = glob.glob(f"runs/*__{name}__*")
+    scalars = read_scalars(run_dir)
+    return [v for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl") for _, v in scalars[tag]]
+
+
+def test_same_seed_same_losses(in_tmp):
+    first, second, other = losses_of_run(3, "first"), losses_of_run(3, "second"), losses_of_run(4, "other")
+    assert len(first) == 9
+    assert first == second
+    assert first != other
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatch):
+    calls = []
+    original = p.compute_gae
+
+    def poisoned(*args, **kwargs):
+        advantages, returns = original(*args, **kwargs)
+        calls.append(1)
+        return (advantages * float("nan"), returns) if len(calls) >= 3 else (advantages, returns)
+
+    monkeypatch.setattr(p, "compute_gae", poisoned)
+    args = p.Args(num_envs=2, num_steps=32, total_timesteps=2 * 32 * 6, num_minibatches=2, progress=False)
+    args.save_model, args.save_interval = True, 1
+    with pytest.raises(SystemExit, match="non-finite loss at iteration 3"):
+        p.main(args)
+    checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
+    assert checkpoint["iteration"] == 2
+    assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI: smoke runs, checkpoint, resume, evaluation, bad input
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    "env_id, steps, extra",
+    [
+        ("Pendulum-v1", 100, []),  # 2 envs x 100 steps x 2 iterations: every env finishes its first 200-step episode
+        ("BipedalWalker-v3", 32, ["--state-dependent-std", "--actor-hidden-sizes", "32", "--critic-hidden-sizes", "32", "16"]),
+        ("HalfCheetah-v5", 32, ["--no-norm-reward"]),
+    ],
+)
+def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, extra):
+    cwd = str(tmp_path)
+    flags = [*TINY, "--env-id", env_id, "--num-steps", str(steps), *extra]
+    batch = 2 * steps
+    result = run_script(SCRIPT, *flags, "--total-timesteps", str(2 * batch), "--save-model", "--save-interval", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert ITERATION_TAGS <= set(scalars), set(scalars)
+    if env_id == "Pendulum-v1":
+        assert EPISODE_TAGS <= set(scalars), set(scalars)
+    assert [step for step, _ in scalars["charts/SPS"]] == [batch, 2 * batch]
+
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    assert checkpoint["script"] == "ppo_continuous"
+    assert (checkpoint["iteration"], checkpoint["global_step"]) == (2, 2 * batch)
+    assert {"args", "model", "optimizer", "rng_states", "run_name"} <= set(checkpoint)
+    assert {"obs_rms.mean", "obs_rms.var", "obs_rms.count", "return_rms.var"} <= set(checkpoint["model"])
+    assert checkpoint["args"]["env_id"] == env_id
+    assert not glob.glob(os.path.join(run_dir, "*.tmp"))
+
+    result = run_script(
+        SCRIPT, *flags, "--total-timesteps", str(3 * batch), "--save-model", "--resume", checkpoint_path, cwd=cwd
+    )
+    assert result.returncode == 0, result.stderr
+    assert run_dirs(cwd) == [run_dir]
+    assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch, 3 * batch]
+    assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 3 * batch
+
+    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+def test_capture_video_writes_an_mp4(tmp_path):
+    flags = [*TINY, "--num-steps", "100", "--total-timesteps", "400", "--capture-video"]
+    result = run_script(SCRIPT, *flags, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(os.path.join(tmp_path, "videos", "*", "*.mp4"))
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
+        (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "Discrete", "Box"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "num_envs * num_steps = 2048"]),
+        (["--log-std-min", "1", "--log-std-max", "0"], ["--log-std-min=1.0", "--log-std-max=0.0"]),
+        (["--actor-hidden-sizes", "64", "0"], ["--actor-hidden-sizes=(64, 0)"]),
+        (["--resume", "missing.pt"], ["--resume=missing.pt"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
+    assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
+    path = os.path.join(tmp_path, "other.pt")
+    torch.save({"script": "ppo_fsmn_cartpole", "model": {}}, path)
+    result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
+    assert_one_line_error(result, f"{flag}={path}", "ppo_fsmn_cartpole", "ppo_continuous.py")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Learning
+
+
+@pytest.mark.learning
+def test_default_settings_learn_pendulum_within_150k_steps(tmp_path):
+    """Default flags, seed 1: the mean return of the last 20 episodes reaches -250 within 150k steps."""
+    result = run_script(SCRIPT, "--seed", "1", "--total-timesteps", "150000", "--no-progress", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    returns = read_scalars(run_dirs(str(tmp_path))[0])["charts/episodic_return"]
+    reached = first_step_reaching(returns, -250.0)
+    assert reached is not None and reached <= 150_000, (
+        f"best mean of 20: {max(np.convolve([r for _, r in returns], np.ones(20) / 20, 'valid'))}"
+    )
