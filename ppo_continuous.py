@@ -24,7 +24,11 @@ the value of their final observation, normalised with the same statistics; termi
         --gamma 0.99 --learning-rate 3e-4 --num-minibatches 32    # CleanRL's MuJoCo settings (not tuned here)
     python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt
 
-Defaults (Pendulum-v1): DEFAULTS_NOTE
+Defaults, tuned for Pendulum-v1: 8 envs x 256 steps (batch 2048), 8 minibatches of 256 samples, 10 epochs,
+learning rate 1e-3 annealed, gamma 0.95 (a short horizon suits Pendulum's dense reward; the SB3 zoo uses 0.9),
+lambda 0.95, 64x64 tanh MLPs, log-std init 0 clamped to [-5, 2]. Measured on 2 CPU cores shared with other jobs
+(OMP_NUM_THREADS=1): the mean of the last 20 episodes first reaches -250 at 48k, 51k and 43k steps (seeds 1, 2, 3)
+and is -165 at 200k steps (seeds 2, 3), at about 2k steps/s. The 5-seed benchmark is not measured yet.
 """
 
 import math

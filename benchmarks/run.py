@@ -2,7 +2,7 @@
 
     python benchmarks/run.py --preset fsmn-cartpole                      # the README's FSMN table, then its report
     python benchmarks/run.py --scripts ppo_fsmn_cartpole.py --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 \\
-        --extra "--total-timesteps 100000" --workers 2
+        --extra="--total-timesteps 100000" --workers 2
 
 Each run writes its TensorBoard events under <out>/runs/ and its stdout and stderr to <out>/logs/<run>.log. A run
 that fails is reported with its log and does not stop the others. A run already complete (its marker in
@@ -61,7 +61,7 @@ class Args:
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     """seeds (a preset brings its own unless given)"""
     extra: str = ""
-    """more flags for every run, e.g. "--total-timesteps 200000" """
+    """more flags for every run, written with '=': --extra="--total-timesteps 200000" """
     workers: int = 1
     """runs at a time (1 keeps wall-clock figures comparable)"""
     out: str | None = None
@@ -78,7 +78,8 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
             raise SystemExit(f"error: --preset={args.preset} is not one of {', '.join(PRESETS)}")
         preset = PRESETS[args.preset]
         seeds = args.seeds if "--seeds" in sys.argv else preset["seeds"]
-        return [(c, s) for c in preset["configs"] for s in seeds], preset["extra"] + shlex.split(args.extra), preset["report"]
+        # seed-major order: the configs of one seed run back to back, so a slow spell of the machine hits them alike
+        return [(c, s) for s in seeds for c in preset["configs"]], preset["extra"] + shlex.split(args.extra), preset["report"]
     if not args.scripts:
         raise SystemExit("error: give --preset or --scripts (with --env-ids)")
     configs = [
@@ -86,7 +87,7 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
         for script in args.scripts
         for env_id in (args.env_ids or [None])
     ]
-    return [(c, s) for c in configs for s in args.seeds], shlex.split(args.extra), None
+    return [(c, s) for s in args.seeds for c in configs], shlex.split(args.extra), None
 
 
 def run_one(config: Config, seed: int, extra: list[str], out: str) -> tuple[str, int, str]:

@@ -197,10 +197,10 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     def no_update(self, x):
         raise AssertionError("evaluation must not update the normalisation statistics")
 
-    monkeypatch.setattr(p.RunningMeanStd, "update", no_update)
-    returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    with monkeypatch.context() as patched:
+        patched.setattr(p.RunningMeanStd, "update", no_update)
+        returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
     assert len(returns) == 2 and all(-3300 < r <= 0 for r in returns)
-    monkeypatch.undo()
 
     # evaluation with frozen statistics is reproducible: same returns on a second load
     assert p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0) == returns
@@ -273,8 +273,7 @@ def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, mon
     monkeypatch.setattr(p, "compute_gae", spy_gae)
     monkeypatch.setattr(p.Agent, "normalize_obs", spy_norm)
     monkeypatch.setattr(p.Agent, "get_value", spy_value)
-    args = p.Args(env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=3 * 20 * 3, progress=False)
-    args.num_minibatches = 2
+    args = p.Args(env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=180, num_minibatches=2, progress=False)
     p.main(args)
     terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
     assert truncations.sum() == 3 * (60 // 12) and not terminations.any()

@@ -1,0 +1,71 @@
+"""benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs."""
+
+import os
+import sys
+
+import pytest
+from conftest import ROOT, run_script
+from torch.utils.tensorboard import SummaryWriter
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import report  # noqa: E402
+
+
+def write_run(root: str, name: str, returns: list[float], steps_per_episode: int = 100) -> None:
+    writer = SummaryWriter(os.path.join(root, name))
+    for i, r in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", r, (i + 1) * steps_per_episode)
+    writer.add_scalar("charts/SPS", 1000, len(returns) * steps_per_episode)
+    writer.close()
+
+
+def test_steps_to_threshold_and_final_return(tmp_path):
+    # seed 1: the last 3 returns are first all 10 at its 8th episode (step 800); seed 2 never reaches 10
+    write_run(str(tmp_path), "Env-v0__algo__1__100", [0, 0, 0, 10, 0, 10, 10, 10, 10])
+    write_run(str(tmp_path), "Env-v0__algo__2__100", [0, 5, 5, 5, 5])
+    runs = [report.load_run(os.path.join(tmp_path, d)) for d in sorted(os.listdir(tmp_path))]
+    assert [r.config for r in runs] == ["Env-v0__algo", "Env-v0__algo"]
+    assert report.first_reaching(runs[0], 10.0, window=3)[0] == 800
+    assert report.first_reaching(runs[1], 10.0, window=3) is None
+    summary = report.summarize(runs, threshold=10.0, window=3)
+    assert summary["steps_to"] == [800, None]
+    assert summary["final"] == [10.0, 5.0]
+    assert report.spread(summary["steps_to"]) == "800, 1 of 2 never"
+    assert report.spread([1.0, 3.0, 2.0]) == "2 (1-3)"
+
+
+def test_moving_mean_against_a_loop():
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0]
+    expected = [sum(values[max(0, i - 2) : i + 1]) / len(values[max(0, i - 2) : i + 1]) for i in range(len(values))]
+    assert report.moving_mean(__import__("numpy").array(values), 3).tolist() == pytest.approx(expected)
+
+
+def test_report_writes_table_and_plot(tmp_path):
+    runs_dir = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write_run(str(runs_dir), f"Env-v0__fast__{seed}__1", [seed * 10.0] * 30)
+        write_run(str(runs_dir), f"Env-v0__slow__{seed}__1", [1.0] * 30)
+    md, png = report.write_report(
+        report.Args(runs_dir=str(runs_dir), name="t", threshold=15.0, out_dir=str(tmp_path), order=["slow", "fast"])
+    )
+    text = open(md).read()
+    rows = [line for line in text.splitlines() if line.startswith("| Env-v0")]
+    assert rows[0].startswith("| Env-v0__slow | 3 | never |")
+    # seeds 2 and 3 (returns 20 and 30) reach 15 once 20 episodes are in the window, at step 2000; seed 1 never
+    assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000-2000), 1 of 3 never |")
+    assert "| 20.0 (10.0-30.0) |" in rows[1]
+    assert os.path.getsize(png) > 1000
+
+
+@pytest.mark.smoke
+def test_runner_runs_skips_and_resumes(tmp_path):
+    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--env-ids", "CartPole-v1", "--seeds", "1", "2", "--out", str(tmp_path)]
+    extra = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
+    result = run_script("benchmarks/run.py", *flags, f"--extra={extra}", "--workers", "2", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "2 to run" in result.stdout
+    assert len(os.listdir(tmp_path / "runs")) == 2 and len(os.listdir(tmp_path / "done")) == 2
+    again = run_script("benchmarks/run.py", *flags, f"--extra={extra}", cwd=str(tmp_path))
+    assert "2 already complete, 0 to run" in again.stdout
+    failing = run_script("benchmarks/run.py", *flags, "--extra=--num-minibatches 3", "--rerun", cwd=str(tmp_path))
+    assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
