@@ -5,7 +5,10 @@
         --extra="--total-timesteps 100000" --workers 2
 
 Each run writes its TensorBoard events under <out>/runs/ and its stdout and stderr to <out>/logs/<run>.log. A run
-that fails is reported with its log and does not stop the others. A run already complete (its marker in
+that fails is reported with its log and does not stop the others. `--backend ray` sends the same runs to a Ray
+cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, as tasks that reserve
+`--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks' working dir and each run's
+event files come back in its result. A run already complete (its marker in
 <out>/done/) is skipped unless --rerun, so an interrupted sweep resumes where it stopped.
 
 Presets, with their measured wall time on 2 CPU cores (workers 1):
@@ -20,6 +23,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import Literal
 
 import tyro
 from tqdm import tqdm
@@ -63,7 +67,15 @@ class Args:
     extra: str = ""
     """more flags for every run, written with '=': --extra="--total-timesteps 200000" """
     workers: int = 1
-    """runs at a time (1 keeps wall-clock figures comparable)"""
+    """runs at a time on this machine (1 keeps wall-clock figures comparable); the CPUs of a local Ray instance"""
+    backend: Literal["local", "ray"] = "local"
+    """local: processes on this machine; ray: Ray tasks on a cluster (--address) or on a local Ray instance"""
+    address: str | None = None
+    """with --backend ray, the address of an existing cluster (e.g. ray://head:10001 or auto); none starts one here"""
+    cpus_per_run: float = 1.0
+    """with --backend ray, CPUs reserved for each run"""
+    gpus_per_run: float = 0.0
+    """with --backend ray, GPUs reserved for each run"""
     out: str | None = None
     """output folder (default benchmarks/runs/<preset or 'custom'>)"""
     rerun: bool = False
@@ -90,22 +102,82 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
     return [(c, s) for s in args.seeds for c in configs], shlex.split(args.extra), None
 
 
-def run_one(config: Config, seed: int, extra: list[str], out: str) -> tuple[str, int, str]:
+def run_key(config: Config, seed: int) -> str:
     env_flag = config.command[config.command.index("--env-id") + 1] if "--env-id" in config.command else "default"
-    key = f"{config.name}__{env_flag}__{seed}"
+    return f"{config.name}__{env_flag}__{seed}"
+
+
+def argv_of(config: Config, seed: int, extra: list[str]) -> list[str]:
+    """The run's command line, its script relative to the repository root."""
+    argv = [*config.command, "--exp-name", config.name, "--seed", str(seed), *extra]
+    return argv if "peers.py" in config.command[0] else [*argv, "--no-progress"]
+
+
+def execute(argv: list[str], repo: str | None = None) -> tuple[int, str, bytes]:
+    """Run one command in a fresh folder; return its exit code, its output, and its runs/ folder as a tar.gz.
+    The same function runs in a thread (local backend) or as a Ray task on any node of a cluster, where `repo`
+    is None: the task then runs inside the repository copy that Ray's runtime_env shipped as its working dir."""
+    import io
+    import tarfile
+    import tempfile
+
+    repo = repo or os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="bench_") as cwd:
+        result = subprocess.run(
+            [sys.executable, os.path.join(repo, argv[0]), *argv[1:]], cwd=cwd, capture_output=True, text=True
+        )
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            if os.path.isdir(os.path.join(cwd, "runs")):
+                tar.add(os.path.join(cwd, "runs"), arcname="runs")
+    return result.returncode, shlex.join(argv) + "\n" + result.stdout + result.stderr, archive.getvalue()
+
+
+def collect(key: str, argv: list[str], code: int, output: str, archive: bytes, out: str) -> str:
+    """Write the run's log, unpack its event files into <out>/runs and, on success, its completion marker."""
+    import io
+    import tarfile
+
     log_path = os.path.join(out, "logs", f"{key}.log")
-    command = [sys.executable, os.path.join(ROOT, config.command[0]), *config.command[1:]]
-    command += ["--exp-name", config.name, "--seed", str(seed), *extra]
-    if "peers.py" not in config.command[0]:
-        command.append("--no-progress")
     with open(log_path, "w") as log:
-        log.write(shlex.join(command) + "\n")
-        log.flush()
-        code = subprocess.call(command, cwd=out, stdout=log, stderr=subprocess.STDOUT)
+        log.write(output)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(out, filter="data")
     if code == 0:
         with open(os.path.join(out, "done", key), "w") as marker:
-            marker.write(shlex.join(command) + "\n")
-    return key, code, log_path
+            marker.write(shlex.join(argv) + "\n")
+    return log_path
+
+
+def backend_results(args: Args, jobs: dict[str, list[str]]):
+    """Yield (key, argv, exit code, output, runs archive) for every job as it finishes, on the chosen backend."""
+    progress = tqdm(total=len(jobs), desc="runs")
+    if args.backend == "local":
+        with ThreadPoolExecutor(max_workers=args.workers) as pool:
+            futures = {pool.submit(execute, argv, ROOT): key for key, argv in jobs.items()}
+            for future in as_completed(futures):
+                progress.update()
+                yield futures[future], jobs[futures[future]], *future.result()
+    else:
+        import ray
+
+        # ship this repository to every node as the tasks' working dir (event files come back in the results)
+        excludes = [".git", ".whl", "runs", "benchmarks/runs", "wandb", "videos", "__pycache__"]
+        ray.init(
+            address=args.address,
+            num_cpus=None if args.address else args.workers,
+            log_to_driver=False,
+            runtime_env={"working_dir": ROOT, "excludes": excludes},
+        )
+        task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)(execute)
+        pending = {task.remote(argv): key for key, argv in jobs.items()}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            key = pending.pop(done[0])
+            progress.update()
+            yield key, jobs[key], *ray.get(done[0])
+        ray.shutdown()
+    progress.close()
 
 
 def main(args: Args) -> None:
@@ -115,18 +187,16 @@ def main(args: Args) -> None:
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     todo = []
     for config, seed in runs:
-        env_flag = config.command[config.command.index("--env-id") + 1] if "--env-id" in config.command else "default"
-        if args.rerun or not os.path.exists(os.path.join(out, "done", f"{config.name}__{env_flag}__{seed}")):
+        if args.rerun or not os.path.exists(os.path.join(out, "done", run_key(config, seed))):
             todo.append((config, seed))
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already complete, {len(todo)} to run, in {out}")
     failed, start = [], time.time()
-    with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_one, config, seed, extra, out) for config, seed in todo]
-        for future in tqdm(as_completed(futures), total=len(futures), desc="runs"):
-            key, code, log_path = future.result()
-            if code != 0:
-                failed.append(key)
-                tqdm.write(f"FAILED {key} (exit {code}): see {log_path}")
+    jobs = {run_key(config, seed): argv_of(config, seed, extra) for config, seed in todo}
+    for key, argv, code, output, archive in backend_results(args, jobs):
+        log_path = collect(key, argv, code, output, archive, out)
+        if code != 0:
+            failed.append(key)
+            tqdm.write(f"FAILED {key} (exit {code}): see {log_path}")
     print(f"done in {time.time() - start:.0f} s; {len(failed)} failed")
     if report and args.report:
         from report import Args as ReportArgs

@@ -69,3 +69,14 @@ def test_runner_runs_skips_and_resumes(tmp_path):
     assert "2 already complete, 0 to run" in again.stdout
     failing = run_script("benchmarks/run.py", *flags, "--extra=--num-minibatches 3", "--rerun", cwd=str(tmp_path))
     assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
+
+
+@pytest.mark.smoke
+def test_runner_on_a_local_ray_instance(tmp_path):
+    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--backend", "ray"]
+    extra = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
+    result = run_script("benchmarks/run.py", *flags, f"--extra={extra}", "--workers", "2", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert len(runs) == 2 and all(os.listdir(tmp_path / "runs" / run) for run in runs)  # event files came back
+    assert sorted(os.listdir(tmp_path / "done")) == ["ppo_fsmn_cartpole__default__1", "ppo_fsmn_cartpole__default__2"]
