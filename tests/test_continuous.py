@@ -163,18 +163,21 @@ def test_state_dependent_std_depends_on_the_state():
 # Normalisation statistics: correct, saved, restored exactly, frozen in evaluation
 
 
-def test_running_mean_std_matches_numpy():
-    rms = p.RunningMeanStd((3,), epsilon=0.0 + 1e-12)
+def test_running_norm_matches_numpy():
+    norm = p.RunningNorm(3)
     data = np.random.default_rng(0).normal(loc=[1.0, -5.0, 100.0], scale=[0.1, 2.0, 30.0], size=(1000, 3))
     for chunk in np.array_split(data, 17):
-        rms.update(torch.as_tensor(chunk))
-    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-9)
-    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-6)
-    assert float(rms.count) == pytest.approx(1000)
+        norm.update(torch.as_tensor(chunk, dtype=torch.float32))
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-3)
+    assert float(norm.count) == pytest.approx(1000)
+    x = torch.tensor([[1.0, -5.0, 100.0], [1e6, -1e6, 100.0]])
+    expected = np.clip((x.numpy() - data.mean(0)) / np.sqrt(data.var(0) + 1e-8), -10, 10)
+    np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-3, atol=1e-3)
 
 
 def stats_of(state: dict) -> dict:
-    return {k: v.clone() for k, v in state.items() if k.startswith(("obs_rms.", "return_rms."))}
+    return {k: v.clone() for k, v in state.items() if k.startswith(("obs_norm.", "return_norm."))}
 
 
 def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp, monkeypatch):
@@ -184,21 +187,21 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = torch.load(path, weights_only=True)
     saved = stats_of(checkpoint["model"])
-    assert set(saved) == {f"{m}.{b}" for m in ("obs_rms", "return_rms") for b in ("mean", "var", "count")}
+    assert set(saved) == {f"{m}.{b}" for m in ("obs_norm", "return_norm") for b in ("mean", "var", "count")}
     # every observation the rollouts saw (the first reset, then one per step) went into the statistics
-    assert float(saved["obs_rms.count"]) == pytest.approx(1e-4 + 2 * (1 + 64 * 3))
-    assert float(saved["return_rms.count"]) == pytest.approx(1e-4 + 2 * 64 * 3)
-    assert (saved["obs_rms.var"] != 1).all() and (saved["obs_rms.mean"] != 0).all()
+    assert float(saved["obs_norm.count"]) == pytest.approx(1e-4 + 2 * (1 + 64 * 3))
+    assert float(saved["return_norm.count"]) == pytest.approx(1e-4 + 2 * 64 * 3)
+    assert (saved["obs_norm.var"] != 1).all() and (saved["obs_norm.mean"] != 0).all()
 
     agent, _ = p.build_agent_from_checkpoint(checkpoint, torch.device("cpu"))
     for key, value in stats_of(agent.state_dict()).items():
-        assert value.dtype == torch.float64 and torch.equal(value, saved[key]), key
+        assert torch.equal(value, saved[key]), key
 
     def no_update(self, x):
         raise AssertionError("evaluation must not update the normalisation statistics")
 
     with monkeypatch.context() as patched:
-        patched.setattr(p.RunningMeanStd, "update", no_update)
+        patched.setattr(p.RunningNorm, "update", no_update)
         returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
     assert len(returns) == 2 and all(-3300 < r <= 0 for r in returns)
 
@@ -210,19 +213,13 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     args.save_model, args.resume = True, path
     p.main(args)
     resumed = stats_of(torch.load(path, weights_only=True)["model"])
-    assert float(resumed["obs_rms.count"]) == pytest.approx(float(saved["obs_rms.count"]) + 2 * (1 + 64 * 2))
+    assert float(resumed["obs_norm.count"]) == pytest.approx(float(saved["obs_norm.count"]) + 2 * (1 + 64 * 2))
 
 
-def test_normalize_obs_is_clipped_and_off_with_no_norm_obs():
-    agent, _ = make_agent(False)
-    with torch.no_grad():
-        agent.obs_rms.mean.fill_(1.0)
-        agent.obs_rms.var.fill_(0.01)
-    x = torch.tensor([[1.0, 1.1, 0.9, 100.0, -100.0]])
-    torch.testing.assert_close(agent.normalize_obs(x, update=False), torch.tensor([[0.0, 1.0, -1.0, 10.0, -10.0]]))
-    args = p.Args(norm_obs=False)
-    plain = p.Agent(5, gym.spaces.Box(-1, 1, (1,)), args)
-    assert plain.normalize_obs(x, update=True) is x and float(plain.obs_rms.count) == pytest.approx(1e-4)
+def test_no_norm_obs_leaves_observations_raw():
+    plain = p.Agent(3, gym.spaces.Box(-1, 1, (1,)), p.Args(norm_obs=False))
+    raw = np.array([[100.0, -3.0, 0.5]])
+    torch.testing.assert_close(p.observe(plain, raw, False, torch.device("cpu")), torch.tensor(raw, dtype=torch.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -249,20 +246,18 @@ def test_gae_matches_a_plain_loop(seed):
 
 def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, monkeypatch):
     """Inside the script's loop, on a Pendulum truncated every 12 steps: final values are filled exactly at the
-    truncated steps, each the critic's value of the raw final observation normalised with the current statistics
-    (without updating them)."""
+    truncated steps, each the critic's value of the raw final observation normalised with the current statistics."""
     gym.register("PendulumShort-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=12)
     seen, normalized, valued = [], [], []
-    original_gae, original_norm, original_value = p.compute_gae, p.Agent.normalize_obs, p.Agent.get_value
+    original_gae, original_norm, original_value = p.compute_gae, p.RunningNorm.forward, p.Agent.get_value
 
     def spy_gae(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda):
         seen.append([x.clone() for x in (terminations, truncations, final_values)])
         return original_gae(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda)
 
-    def spy_norm(self, x, update):
-        before = stats_of(self.state_dict())
-        out = original_norm(self, x, update)
-        normalized.append((x.clone(), update, out.clone(), before))
+    def spy_norm(self, x):
+        out = original_norm(self, x)
+        normalized.append((x.clone(), out.clone(), self.mean.clone(), self.var.clone()))
         return out
 
     def spy_value(self, x):
@@ -271,7 +266,7 @@ def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, mon
         return value
 
     monkeypatch.setattr(p, "compute_gae", spy_gae)
-    monkeypatch.setattr(p.Agent, "normalize_obs", spy_norm)
+    monkeypatch.setattr(p.RunningNorm, "forward", spy_norm)
     monkeypatch.setattr(p.Agent, "get_value", spy_value)
     args = p.Args(env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=180, num_minibatches=2, progress=False)
     p.main(args)
@@ -279,14 +274,12 @@ def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, mon
     assert truncations.sum() == 3 * (60 // 12) and not terminations.any()
     assert (final_values[~truncations] == 0).all() and (final_values[truncations] != 0).all()
 
-    final_calls = [(x, out, before) for x, update, out, before in normalized if not update]
-    assert len(final_calls) == 60 // 12  # all three envs are truncated at the same steps
-    for (x, out, before), expected_values in zip(final_calls, final_values[truncations].view(-1, 3)):
-        torch.testing.assert_close(x[:, 0] ** 2 + x[:, 1] ** 2, torch.ones(3))  # (cos, sin, omega): a real observation
-        expected = ((x - before["obs_rms.mean"]) / torch.sqrt(before["obs_rms.var"] + 1e-8)).clamp(-10, 10).float()
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-        (value,) = [v for inp, v in valued if inp.shape == out.shape and torch.equal(inp, out)]
-        torch.testing.assert_close(value, expected_values, rtol=0, atol=0)
+    for expected_values in final_values[truncations].view(-1, 3):  # all three envs are truncated at the same steps
+        (critic_input,) = [x for x, v in valued if v.shape == (3,) and torch.equal(v, expected_values)]
+        (raw, mean, var) = [(x, m, s) for x, out, m, s in normalized if torch.equal(out, critic_input)][0]
+        torch.testing.assert_close(raw[:, 0] ** 2 + raw[:, 1] ** 2, torch.ones(3))  # (cos, sin, omega): a real observation
+        assert not torch.equal(raw, critic_input) and float(var.min()) != 1.0  # normalised, by statistics in use
+        torch.testing.assert_close(critic_input, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -359,7 +352,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert checkpoint["script"] == "ppo_continuous"
     assert (checkpoint["iteration"], checkpoint["global_step"]) == (2, 2 * batch)
     assert {"args", "model", "optimizer", "rng_states", "run_name"} <= set(checkpoint)
-    assert {"obs_rms.mean", "obs_rms.var", "obs_rms.count", "return_rms.var"} <= set(checkpoint["model"])
+    assert {"obs_norm.mean", "obs_norm.var", "obs_norm.count", "return_norm.var"} <= set(checkpoint["model"])
     assert checkpoint["args"]["env_id"] == env_id
     assert not glob.glob(os.path.join(run_dir, "*.tmp"))
 
@@ -405,6 +398,19 @@ def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
     torch.save({"script": "ppo_fsmn_cartpole", "model": {}}, path)
     result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
     assert_one_line_error(result, f"{flag}={path}", "ppo_fsmn_cartpole", "ppo_continuous.py")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)
+    args.save_model = True
+    p.main(args)
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    model = torch.load(path, weights_only=True)["model"]
+    assert model["obs_norm.mean"].is_cuda and float(model["obs_norm.count"]) > 100
+    on_cpu = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    on_cuda = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cuda"), seed=0)
+    np.testing.assert_allclose(on_cpu, on_cuda, rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
