@@ -12,7 +12,7 @@ it acted. `--mask-velocity` hides the velocities (observation `[x, theta]`): the
     python ppo_fsmn_cartpole.py --mask-velocity       # partially observable CartPole
     python ppo_fsmn_cartpole.py --eval-checkpoint runs/<run>/checkpoint.pt
 
-Measured results (5 seeds, `python benchmarks/fsmn_cartpole.py`): see README.md and
+Measured results (5 seeds, `python benchmarks/run.py --preset fsmn-cartpole`): see README.md and
 benchmarks/results/fsmn_cartpole.md.
 """
 
