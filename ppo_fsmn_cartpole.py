@@ -17,8 +17,8 @@ env sequences, 10 epochs, learning rate 1e-3 annealed, gamma 0.99, lambda 0.95, 
 width 64, memory order 8, running observation normalisation. From short single-seed sweeps (seed 1, 150k steps,
 this machine): on CartPole-v1 one minibatch per epoch first reached a mean of 475 at 106k steps and four at 63k;
 on the masked task the RL Zoo's LSTM settings (32 steps, 1 minibatch, 20 epochs, gamma 0.98, lambda 0.8) ended
-at 449 without reaching 475, and without observation normalisation the defaults ended at 176; with it they
-reached 475 at 75k. Normalisation matters there because the velocities must come from differences of
+at 449 without reaching 475; without observation normalisation, a 2-minibatch variant was at 176 after 75k
+steps (stopped there); with it, the defaults reached 475 at 75k. Normalisation matters there because the velocities must come from differences of
 consecutive angles of about 1e-3 rad.
 
 Measured results (5 seeds, `python benchmarks/run.py --preset fsmn-cartpole`): see README.md and
