@@ -32,6 +32,7 @@ in 70 s for 150k steps (about 2.4k steps/s). Seeds 2 and 3 (a variant with float
 43k, -165 at 200k. The 5-seed benchmark is not measured yet.
 """
 
+import copy
 import math
 import os
 import random
@@ -151,7 +152,15 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "total_timesteps",
+            "save_interval",
+            "eval_episodes",
+        ):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
         for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
@@ -168,6 +177,11 @@ class Args:
                 "(minibatches are formed over samples)"
             )
         self.minibatch_size = self.batch_size // self.num_minibatches
+        if self.norm_adv and self.minibatch_size < 2:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
+                "advantage normalisation (--norm-adv) needs at least 2"
+            )
         self.num_iterations = max(1, self.total_timesteps // self.batch_size)
 
 
@@ -397,15 +411,27 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state()[1].tolist(), "torch": torch.get_rng_state()}
+    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = {
+        "key": key.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
 
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    np_state = list(np.random.get_state())
-    np_state[1] = np.array(states["numpy"], dtype=np.uint32)
-    np.random.set_state(tuple(np_state))
+    n = states["numpy"]
+    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def make_checkpoint(
@@ -423,6 +449,7 @@ def make_checkpoint(
     }
 
 
+# ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
     args = Args(**saved)
@@ -492,6 +519,7 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
+    # ALGO LOGIC: env setup, agent and optimizer
     # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
     # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
     envs = gym.vector.SyncVectorEnv(
@@ -516,6 +544,10 @@ def main(args: Args) -> None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
         set_rng_states(checkpoint["rng_states"])
+        if start_iteration > args.num_iterations:
+            raise SystemExit(
+                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
+            )
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...) on the device
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -526,14 +558,14 @@ def main(args: Args) -> None:
     truncations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+    discounted_returns = torch.zeros(args.num_envs, device=device)  # for reward scaling
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = observe(agent, next_obs, args.norm_obs, device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
-    discounted_returns = torch.zeros(args.num_envs, device=device)  # for reward scaling
-    recent_returns, finite, done_iteration, done_step = [], True, start_iteration - 1, global_step
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
 
     try:
@@ -649,10 +681,13 @@ def main(args: Args) -> None:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = torch.stack(stats).mean(0).tolist()
-            if not np.isfinite(loss):
-                finite = False
-                raise SystemExit(f"error: non-finite loss at iteration {iteration}; the last good checkpoint is kept")
+            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
+            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            if not (np.isfinite(loss) and weights_finite):
+                raise SystemExit(
+                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                )
             y_pred, y_true = values.flatten(), returns.flatten()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -668,16 +703,20 @@ def main(args: Args) -> None:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
 
             # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration, done_step = iteration, global_step  # the last iteration whose update is complete
-            if args.save_model and iteration % args.save_interval == 0:
-                save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
     finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and a last (finite) checkpoint
-        if args.save_model and finite and done_iteration >= start_iteration:
-            save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, done_iteration, done_step))
-            print(f"checkpoint saved to {checkpoint_path} (iteration {done_iteration}, global step {done_step})")
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
+        if last_good is not None:
+            save_checkpoint(checkpoint_path, last_good)
+            print(
+                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
+            )
         progress.close()
         envs.close()
         writer.close()

@@ -18,13 +18,14 @@ width 64, memory order 8, running observation normalisation. From short single-s
 this machine): on CartPole-v1 one minibatch per epoch first reached a mean of 475 at 106k steps and four at 63k;
 on the masked task the RL Zoo's LSTM settings (32 steps, 1 minibatch, 20 epochs, gamma 0.98, lambda 0.8) ended
 at 449 without reaching 475; without observation normalisation, a 2-minibatch variant was at 176 after 75k
-steps (stopped there); with it, the defaults reached 475 at 75k. Normalisation matters there because the velocities must come from differences of
-consecutive angles of about 1e-3 rad.
+steps (stopped there); with it, the defaults reached 475 at 75k. Normalisation matters there because the
+velocities must come from differences of consecutive angles of about 1e-3 rad.
 
 Measured results (5 seeds, `python benchmarks/run.py --preset fsmn-cartpole`): see README.md and
 benchmarks/results/fsmn_cartpole.md.
 """
 
+import copy
 import os
 import random
 import time
@@ -135,7 +136,16 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "hidden_dim"):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "total_timesteps",
+            "save_interval",
+            "eval_episodes",
+            "hidden_dim",
+        ):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
         if self.num_blocks < 1 or self.memory_order < 0:
@@ -147,6 +157,11 @@ class Args:
             )
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // self.num_minibatches
+        if self.norm_adv and self.minibatch_size < 2:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
+                "advantage normalisation (--norm-adv) needs at least 2"
+            )
         self.num_iterations = max(1, self.total_timesteps // self.batch_size)
 
 
@@ -402,15 +417,27 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state()[1].tolist(), "torch": torch.get_rng_state()}
+    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = {
+        "key": key.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
 
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    np_state = list(np.random.get_state())
-    np_state[1] = np.array(states["numpy"], dtype=np.uint32)
-    np.random.set_state(tuple(np_state))
+    n = states["numpy"]
+    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def make_checkpoint(
@@ -428,6 +455,7 @@ def make_checkpoint(
     }
 
 
+# ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
     args = Args(**saved)
@@ -498,6 +526,7 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
+    # ALGO LOGIC: env setup, agent and optimizer
     # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
     # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
     envs = gym.vector.SyncVectorEnv(
@@ -522,6 +551,10 @@ def main(args: Args) -> None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
         set_rng_states(checkpoint["rng_states"])
+        if start_iteration > args.num_iterations:
+            raise SystemExit(
+                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
+            )
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...) on the device
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -533,14 +566,14 @@ def main(args: Args) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+    cache = agent.initial_cache(args.num_envs, device)  # (L, num_envs, N, H) memory of the running episodes
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = observe(agent, next_obs, args.norm_obs, device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
-    cache = agent.initial_cache(args.num_envs, device)  # (L, num_envs, N, H) memory of the running episodes
-    recent_returns, finite, done_iteration, done_step = [], True, start_iteration - 1, global_step
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
 
     try:
@@ -652,10 +685,13 @@ def main(args: Args) -> None:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = torch.stack(stats).mean(0).tolist()
-            if not np.isfinite(loss):
-                finite = False
-                raise SystemExit(f"error: non-finite loss at iteration {iteration}; the last good checkpoint is kept")
+            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
+            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            if not (np.isfinite(loss) and weights_finite):
+                raise SystemExit(
+                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                )
             y_pred, y_true = values.flatten(), returns.flatten()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -671,16 +707,20 @@ def main(args: Args) -> None:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
 
             # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration, done_step = iteration, global_step  # the last iteration whose update is complete
-            if args.save_model and iteration % args.save_interval == 0:
-                save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
     finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and a last (finite) checkpoint
-        if args.save_model and finite and done_iteration >= start_iteration:
-            save_checkpoint(checkpoint_path, make_checkpoint(args, run_name, agent, optimizer, done_iteration, done_step))
-            print(f"checkpoint saved to {checkpoint_path} (iteration {done_iteration}, global step {done_step})")
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
+        if last_good is not None:
+            save_checkpoint(checkpoint_path, last_good)
+            print(
+                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
+            )
         progress.close()
         envs.close()
         writer.close()

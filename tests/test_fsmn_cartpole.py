@@ -286,6 +286,17 @@ def test_same_seed_same_losses(in_tmp):
     assert first != other
 
 
+def test_rng_states_restore_every_generator_exactly():
+    import random
+
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    np.random.normal()  # leaves a cached Gaussian in numpy's state
+    states = p.rng_states()
+    draws = (random.random(), np.random.normal(size=3).tolist(), np.random.rand(), torch.rand(3).tolist())
+    p.set_rng_states(states)
+    assert (random.random(), np.random.normal(size=3).tolist(), np.random.rand(), torch.rand(3).tolist()) == draws
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatch):
     calls = []
     original = p.compute_gae
@@ -298,7 +309,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatc
     monkeypatch.setattr(p, "compute_gae", poisoned)
     args = p.Args(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, progress=False)
     args.save_model, args.save_interval = True, 1
-    with pytest.raises(SystemExit, match="non-finite loss at iteration 3"):
+    with pytest.raises(SystemExit, match="non-finite loss or weights at iteration 3"):
         p.main(args)
     checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
     assert checkpoint["iteration"] == 2
@@ -334,6 +345,10 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     steps = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
     assert steps == [128, 256, 384, 512, 640, 768, 896, 1024]
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 1024
+
+    # nothing left to do is refused, not silently accepted
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "512", "--resume", checkpoint_path, cwd=cwd)
+    assert_one_line_error(result, "--total-timesteps=512", "1024")
 
     # evaluation: N whole episodes with the saved policy, mean and std printed
     result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
@@ -391,6 +406,8 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
         (["--num-minibatches", "3"], ["--num-minibatches=3", "--num-envs=8"]),
         (["--env-id", "Acrobot-v1", "--mask-velocity"], ["--mask-velocity", "CartPole"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
+        (["--save-interval", "0"], ["--save-interval=0"]),
+        (["--num-envs", "2", "--num-minibatches", "2", "--num-steps", "1"], ["--num-minibatches=2", "--norm-adv"]),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
