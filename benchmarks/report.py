@@ -98,16 +98,16 @@ def first_reaching(run: Run, threshold: float, window: int) -> tuple[int, float]
     return int(run.steps[i]), float(run.wall[i] - run.start_wall)
 
 
-def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    """'median (min-max)' of the finite values, with how many runs had none."""
-    finite = [v for v in values if v is not None and np.isfinite(v)]
-    if not finite:
+def spread(values: list[float | None], fmt: str = "{:.0f}") -> str:
+    """'median (min-max)' over runs. A run that never got there (None) counts as +infinity, 'never', so that the
+    median stays honest: with 2 of 5 seeds never reaching a threshold, the median is the third-best seed's step."""
+    ranked = [np.inf if v is None or not np.isfinite(v) else float(v) for v in values]
+    show = lambda v: "never" if np.isinf(v) else fmt.format(v)  # noqa: E731
+    if all(np.isinf(ranked)):
         return "never"
-    text = fmt.format(np.median(finite))
-    if len(finite) > 1:
-        text += f" ({fmt.format(min(finite))}-{fmt.format(max(finite))})"
-    missing = len(values) - len(finite)
-    return text + (f", {missing} of {len(values)} never" if missing else "")
+    text = show(np.median(ranked)) + (f" ({show(min(ranked))}-{show(max(ranked))})" if len(ranked) > 1 else "")
+    missing = int(np.isinf(ranked).sum())
+    return text + (f", {missing} of {len(ranked)} never" if missing else "")
 
 
 def summarize(runs: list[Run], threshold: float | None, window: int) -> dict:

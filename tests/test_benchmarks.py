@@ -30,7 +30,8 @@ def test_steps_to_threshold_and_final_return(tmp_path):
     summary = report.summarize(runs, threshold=10.0, window=3)
     assert summary["steps_to"] == [800, None]
     assert summary["final"] == [10.0, 5.0]
-    assert report.spread(summary["steps_to"]) == "800, 1 of 2 never"
+    assert report.spread(summary["steps_to"]) == "never (800-never), 1 of 2 never"  # median of 800 and never
+    assert report.spread([300, None, 100, 200, None]) == "300 (100-never), 2 of 5 never"
     assert report.spread([1.0, 3.0, 2.0]) == "2 (1-3)"
 
 
@@ -52,7 +53,7 @@ def test_report_writes_table_and_plot(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| Env-v0")]
     assert rows[0].startswith("| Env-v0__slow | 3 | never |")
     # seeds 2 and 3 (returns 20 and 30) reach 15 once 20 episodes are in the window, at step 2000; seed 1 never
-    assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000-2000), 1 of 3 never |")
+    assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000-never), 1 of 3 never |")
     assert "| 20.0 (10.0-30.0) |" in rows[1]
     assert os.path.getsize(png) > 1000
 
