@@ -374,10 +374,11 @@ def compute_gae(
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
+    discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        lastgaelam = deltas[t] + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
 
@@ -530,7 +531,7 @@ def main(args: Args) -> None:
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
 
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0

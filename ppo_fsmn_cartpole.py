@@ -262,9 +262,9 @@ class FSMNBlock(nn.Module):
     def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, H); cache: (B, N, H) with cache[:, j] = h_{t-1-j}, already zeroed at episode starts."""
         h = torch.tanh(self.proj_in(x))  # (B, H)
-        m = h + self.taps[0] * h + (self.taps[1:] * cache).sum(dim=1)  # (B, H)
-        new_cache = torch.cat([h.unsqueeze(1), cache[:, :-1]], dim=1) if self.memory_order > 0 else cache  # (B, N, H)
-        return self.norm(x + self.proj_out(m)), new_cache
+        window = torch.cat([h.unsqueeze(1), cache], dim=1)  # (B, N+1, H): h_t, h_{t-1}, ..., h_{t-N}
+        m = h + (self.taps * window).sum(dim=1)  # (B, H)
+        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the cache drops h_{t-N}
 
     def sequence(self, x: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
         """x: (T, B, H); cache: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see Agent.sequence."""
@@ -349,14 +349,13 @@ class Agent(nn.Module):
         return self.actor(features[0]), self.critic(features[-1]).squeeze(-1)
 
 
-def observe(agent: Agent, raw_obs: np.ndarray, update: bool, device: torch.device) -> torch.Tensor:
-    """Raw env observations (num_envs, obs_dim) -> what the policy sees and the rollout stores: normalised by the
-    running statistics, updated first with this batch in training. Stored normalised, a sample is replayed in
-    training exactly as it was seen, whatever the statistics became later."""
-    raw = torch.as_tensor(raw_obs, dtype=torch.float32, device=device)
-    if update:
-        agent.obs_norm.update(raw)
-    return agent.obs_norm(raw)
+def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
+    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
+    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
+    gumbel = -torch.empty_like(logits).exponential_().log()
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def compute_gae(
@@ -380,10 +379,11 @@ def compute_gae(
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
+    discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        lastgaelam = deltas[t] + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
 
@@ -537,7 +537,7 @@ def main(args: Args) -> None:
     obs_dim = envs.single_observation_space.shape[0]
 
     agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -556,13 +556,13 @@ def main(args: Args) -> None:
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
             )
 
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...) on the device
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    terminations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    truncations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
@@ -571,7 +571,7 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = observe(agent, next_obs, args.norm_obs, device)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
@@ -585,24 +585,21 @@ def main(args: Args) -> None:
 
             # ALGO LOGIC: rollout, the FSMN run step by step with its per-env cache
             initial_cache = cache.clone()  # (L, num_envs, N, H): training restarts every sequence from here
+            final_values.zero_()
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
                 episode_starts[step] = next_done
 
-                with torch.no_grad():
-                    logits, value, cache = agent.step(next_obs, cache, next_done)
-                    probs = Categorical(logits=logits, validate_args=False)
-                    action = probs.sample()
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                    logits, value, cache = agent.step(agent.obs_norm(next_obs), cache, next_done)
+                    action, logprob = sample_action(logits)
                 values[step] = value
                 actions[step] = action
-                logprobs[step] = probs.log_prob(action)
+                logprobs[step] = logprob
 
                 next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
-                rewards[step] = torch.as_tensor(reward, device=device)
-                terminations[step] = torch.as_tensor(termination, device=device)
-                truncations[step] = torch.as_tensor(truncation, device=device)
-                final_values[step] = 0.0
+                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
                 if truncation.any():
                     # bootstrap a truncated episode from its final observation, seen with that episode's memory
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
@@ -612,9 +609,9 @@ def main(args: Args) -> None:
                             cache,
                             torch.zeros(args.num_envs, dtype=torch.bool, device=device),
                         )
-                    final_values[step] = final_value * truncations[step]
-                next_obs = observe(agent, next_obs_np, args.norm_obs, device)
-                next_done = terminations[step] | truncations[step]
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                next_done = torch.as_tensor(termination | truncation, device=device)
 
                 # TRY NOT TO MODIFY: episode statistics
                 if "episode" in infos:
@@ -624,11 +621,17 @@ def main(args: Args) -> None:
                         recent_returns = (recent_returns + [float(r)])[-20:]
 
             # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
             with torch.no_grad():
-                _, next_value, _ = agent.step(next_obs, cache, next_done)
+                _, next_value, _ = agent.step(agent.obs_norm(next_obs), cache, next_done)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
+                seen_obs = agent.obs_norm(obs)  # (T, B, obs_dim): exactly what the policy saw, the statistics were frozen
+            if args.norm_obs:
+                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             env_inds = np.arange(args.num_envs)
@@ -639,7 +642,7 @@ def main(args: Args) -> None:
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
                     new_logits, newvalue = agent.sequence(
-                        obs[:, mb_envs], initial_cache[:, mb_envs], episode_starts[:, mb_envs]
+                        seen_obs[:, mb_envs], initial_cache[:, mb_envs], episode_starts[:, mb_envs]
                     )
                     probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
                     mb_actions = actions[:, mb_envs].flatten()

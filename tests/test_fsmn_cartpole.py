@@ -174,7 +174,8 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
     p.main(args)
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = torch.load(path, weights_only=True)
-    assert checkpoint["model"]["obs_norm.count"] > 100  # updated in training
+    # updated once per rollout from its raw observations: 2 rollouts x 4 envs x 16 steps, after a prior count of 1e-4
+    assert float(checkpoint["model"]["obs_norm.count"]) == pytest.approx(1e-4 + 2 * 4 * 16)
     agent, _ = p.build_agent_from_checkpoint(checkpoint, torch.device("cpu"))
     for name in ("mean", "var", "count"):
         torch.testing.assert_close(getattr(agent.obs_norm, name), checkpoint["model"][f"obs_norm.{name}"], rtol=0, atol=0)
@@ -184,6 +185,38 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
 
     monkeypatch.setattr(p.RunningNorm, "update", no_update)
     assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
+
+
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
+    """With a learning rate of 0 the policy never changes, so every minibatch of every epoch must give back the
+    log-probabilities stored in the rollout: ratio 1, KL 0. This fails if training sees other observations
+    (normalisation), other memory (cache, episode masks) or computes log-probabilities differently from the rollout.
+    The actor head starts with unit-scale weights here (not 0.01), so that a wrong input shows in the logits."""
+    original = p.layer_init
+    monkeypatch.setattr(p, "layer_init", lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0)))
+    args = p.Args(num_envs=4, num_steps=48, total_timesteps=4 * 48 * 3, num_minibatches=2, learning_rate=0.0, progress=False)
+    args.exp_name = "replay"
+    p.main(args)
+    (run_dir,) = glob.glob("runs/*__replay__*")
+    scalars = read_scalars(run_dir)
+    assert len(scalars["losses/approx_kl"]) == 3
+    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
+        assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+
+
+def test_sample_action_matches_categorical():
+    """The Gumbel-max sampler against torch.distributions.Categorical: the same log-probabilities, and action
+    frequencies within 5 standard errors of Categorical's probabilities over 200k draws."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.0, 1.0, -2.0, 0.5], [3.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    reference = torch.distributions.Categorical(logits=logits)
+    draws = 200_000
+    actions, logprobs = p.sample_action(logits.repeat(draws, 1))
+    torch.testing.assert_close(logprobs, reference.log_prob(actions.view(draws, 3)).flatten())
+    frequencies = torch.nn.functional.one_hot(actions.view(draws, 3), 4).double().mean(0)  # (3, 4)
+    probs = reference.probs.double()
+    standard_error = (probs * (1 - probs) / draws).sqrt()
+    assert ((frequencies - probs).abs() <= 5 * standard_error + 1e-12).all(), (frequencies, probs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
