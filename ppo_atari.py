@@ -1,0 +1,661 @@
+"""PPO on Atari with the NatureCNN, as fast as the hardware allows (CleanRL's `ppo_atari.py`, rebuilt for speed).
+
+The environments run in ale-py's native C++ vector environment (`ale_py.vector_env.AtariVectorEnv`): frame skip 4
+with max-pooling, 84x84 grayscale, a stack of 4 frames, up to 30 no-op actions at reset, FIRE at reset, episodic
+life and reward clipping for training, all inside the emulator's threads. Observations stay uint8 in the rollout
+storage (4x smaller than float) and are scaled inside the network. On a CPU, PPO on Atari is bound by the network's
+compute, so the NatureCNN runs in channels-last layout (default) and, with `--bf16`, under bfloat16 autocast
+(weights, losses and the optimizer stay float32).
+
+    python ppo_atari.py --env-id PongNoFrameskip-v4              # CleanRL's defaults, 10M steps
+    python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # faster on CPUs with bf16 instructions
+    python ppo_atari.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
+
+`charts/episodic_return` is the raw score of a whole game (all lives, unclipped), as CleanRL reports it, although
+training sees clipped rewards and a termination at every life lost.
+"""
+
+import copy
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+SCRIPT = "ppo_atari"
+gym.register_envs(ale_py)
+
+
+@dataclass
+class Args:
+    # TRY NOT TO MODIFY: experiment arguments
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save checkpoints to `runs/{run_name}/checkpoint.pt`"""
+    save_interval: int = 50
+    """with --save-model, write a checkpoint every this many iterations (and at the end)"""
+    resume: str | None = None
+    """path of a checkpoint of this script to continue training from (pass the same flags as the original run)"""
+    eval_checkpoint: str | None = None
+    """if set, do not train: load this checkpoint, play --eval-episodes episodes and print the mean and std"""
+    eval_episodes: int = 10
+    """number of episodes played by the evaluation mode"""
+    eval_deterministic: bool = True
+    """the evaluation mode takes the most likely action (otherwise it samples)"""
+    progress: bool = True
+    """show a progress bar (`--no-progress` to turn it off)"""
+
+    # ALGO LOGIC: algorithm arguments
+    env_id: str = "PongNoFrameskip-v4"
+    """the id of the environment (a gymnasium Atari id: PongNoFrameskip-v4, ALE/Breakout-v5, ...)"""
+    total_timesteps: int = 10_000_000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+
+    # ALGO LOGIC: speed arguments (none of them changes what is computed, beyond floating-point rounding)
+    channels_last: bool = True
+    """run the convolutions in channels-last (NHWC) layout, about 1.4x faster on CPUs"""
+    bf16: bool = False
+    """run the forward passes under bfloat16 autocast (weights, losses and optimizer stay float32)"""
+    compile: bool = False
+    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    env_threads: int = 0
+    """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
+
+    # to be filled in runtime
+    batch_size: int = field(init=False)
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = field(init=False)
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = field(init=False)
+    """the number of iterations (computed in runtime)"""
+
+    def __post_init__(self):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "total_timesteps",
+            "save_interval",
+            "eval_episodes",
+        ):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        self.batch_size = self.num_envs * self.num_steps
+        if self.batch_size % self.num_minibatches != 0:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} must divide num_envs * num_steps = {self.batch_size}"
+            )
+        self.minibatch_size = self.batch_size // self.num_minibatches
+        if self.norm_adv and self.minibatch_size < 2:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
+                "advantage normalisation (--norm-adv) needs at least 2"
+            )
+        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def atari_settings(env_id: str) -> dict:
+    """A gymnasium Atari id -> the ROM and the id's sticky-action probability, or one clear line for anything else.
+    The NoFrameskip-v4 ids have no sticky actions, the v5 ids repeat the previous action with probability 0.25;
+    frame skipping is always 4 here (the vector env's), whatever the id's own frameskip."""
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        raise SystemExit(
+            f"error: --env-id={env_id} is not a registered gymnasium id; list the Atari ones with "
+            "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
+        ) from None
+    if spec.entry_point != "ale_py.env:AtariEnv":
+        env = gym.make(spec)
+        kind = type(env.action_space).__name__
+        env.close()
+        raise SystemExit(
+            f"error: --env-id={env_id} is not an Atari game (its action space is {kind}); {SCRIPT}.py takes ids such as "
+            "PongNoFrameskip-v4 or ALE/Breakout-v5 (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py small "
+            "discrete ones)"
+        )
+    if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
+        raise SystemExit(
+            f"error: --env-id={env_id} is a RAM or continuous-action variant; pick a pixel id with discrete actions"
+        )
+    return dict(
+        game=spec.kwargs["game"],
+        repeat_action_probability=spec.kwargs.get("repeat_action_probability", 0.25),
+        full_action_space=spec.kwargs.get("full_action_space", False),
+        max_num_frames_per_episode=spec.kwargs.get("max_num_frames_per_episode", 108_000) or 108_000,
+    )
+
+
+def make_envs(
+    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
+) -> AtariVectorEnv:
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015). Training envs
+    end an episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv)
+    and the script clips their rewards; evaluation envs play whole games and score them raw. Rewards come back raw
+    either way, so that a game's score can be summed before clipping."""
+    return AtariVectorEnv(
+        **atari_settings(env_id),
+        num_envs=num_envs,
+        num_threads=threads or min(num_envs, os.cpu_count() or 1),
+        noop_max=noop_max,
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        use_fire_reset=fire_reset,
+        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
+        life_loss_info=training,
+        reward_clipping=False,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+class RecordGameStatistics(gym.vector.VectorWrapper):
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, `t`) and `info["_episode"]` when a game
+    ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
+    is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
+    are agent steps (4 frames each).
+
+        lives    3  3  2  2  1  1  [3]       [3] = the reset game's first info (SAME_STEP autoreset)
+        term     .  .  T  .  T  .   T
+        game                        over"""
+
+    def __init__(self, env: gym.vector.VectorEnv):
+        super().__init__(env)
+        self.returns = np.zeros(self.num_envs)
+        self.lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self.lives = np.zeros(self.num_envs, dtype=np.int64)
+        self.start_time = time.perf_counter()
+        self.starts = np.full(self.num_envs, self.start_time)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.returns[:], self.lengths[:], self.lives[:] = 0, 0, info["lives"]
+        self.starts[:] = time.perf_counter()
+        return obs, info
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        self.returns += rewards
+        self.lengths += 1
+        game_over = truncations | (terminations & (info["lives"] >= self.lives))
+        self.lives = info["lives"].astype(np.int64)
+        if game_over.any():
+            now = time.perf_counter()
+            info = dict(info)
+            info["episode"] = {
+                "r": np.where(game_over, self.returns, 0.0),
+                "l": np.where(game_over, self.lengths, 0),
+                "t": np.where(game_over, np.round(now - self.starts, 6), 0.0),
+            }
+            info["_episode"] = game_over
+            self.returns[game_over], self.lengths[game_over], self.starts[game_over] = 0, 0, now
+        return obs, rewards, terminations, truncations, info
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The NatureCNN (Mnih et al. 2015) with a policy head (std 0.01) and a value head (std 1) on its 512 features."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),  # (B, 32, 20, 20)
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (B, 64, 9, 9)
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),  # (B, 64, 7, 7)
+            nn.ReLU(),
+            nn.Flatten(),  # (B, 3136), in (C, H, W) order whatever the memory layout
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def forward(self, obs: torch.Tensor, memory_format: torch.memory_format) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs: (B, 4, 84, 84) uint8 -> logits (B, A) and values (B,), float32 even under autocast."""
+        x = obs.contiguous(memory_format=memory_format).float() / 255.0  # the layout of the uint8 frames carries over
+        hidden = self.network(x)
+        return self.actor(hidden).float(), self.critic(hidden).squeeze(-1).float()
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    final_values: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
+
+    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
+    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
+    its final observation (the next stored observation already belongs to the new episode).
+    """
+    dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
+    bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
+    next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
+    deltas = rewards + gamma * next_values - values
+    discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
+    var_y = torch.var(y_true)
+    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+
+
+# TRY NOT TO MODIFY: checkpoint helpers
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp_path = f"{path}.tmp"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path: str, flag: str) -> dict:
+    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {flag}={path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != SCRIPT:
+        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+    return checkpoint
+
+
+def rng_states() -> dict:
+    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = {
+        "key": key.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def make_checkpoint(
+    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
+) -> dict:
+    return {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "run_name": run_name,
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states(),
+    }
+
+
+# ALGO LOGIC: evaluation
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    args = Args(**saved)
+    envs = make_envs(args.env_id, 1, training=False)
+    agent = Agent(envs.single_action_space.n).to(device)
+    envs.close()
+    agent.load_state_dict(checkpoint["model"])
+    return agent, args
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores."""
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    agent.eval()
+    memory_format = torch.channels_last if saved_args.channels_last else torch.contiguous_format
+    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
+    obs, _ = envs.reset(seed=seed)
+    scores = []
+    while len(scores) < episodes:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=saved_args.bf16):
+            logits, _ = agent(torch.as_tensor(obs, device=device), memory_format)
+        action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        if "episode" in infos:
+            scores.append(float(infos["episode"]["r"][0]))
+    envs.close()
+    return scores
+
+
+def main(args: Args) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint is not None:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+        return
+    atari_settings(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name, tracking and logging
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=True,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup, agent and optimizer
+    # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
+    # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
+    envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
+    agent = Agent(envs.single_action_space.n).to(device)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    agent = agent.to(memory_format=memory_format)
+    policy = torch.compile(agent) if args.compile else agent  # the same parameters; `agent` is what gets saved
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            raise SystemExit(
+                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
+            ) from None
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        set_rng_states(checkpoint["rng_states"])
+        if start_iteration > args.num_iterations:
+            raise SystemExit(
+                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
+            )
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+
+    try:
+        for iteration in progress:
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            final_values.zero_()
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+
+                with torch.no_grad(), autocast:
+                    logits, value = policy(next_obs, memory_format)
+                probs = Categorical(logits=logits, validate_args=False)
+                action = probs.sample()
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = probs.log_prob(action)
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a game cut at the frame limit from the value of its final observation
+                    with torch.no_grad(), autocast:
+                        _, final_value = policy(torch.as_tensor(infos["final_obs"], device=device), memory_format)
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                next_obs = torch.as_tensor(next_obs_np, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+
+                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
+                if args.capture_video and "episode" in infos and infos["_episode"][0]:
+                    if capped_cubic_video_schedule(videos_saved):
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
+                        save_video(
+                            frames, f"videos/{run_name}", episode_trigger=lambda _: True, episode_index=videos_saved, fps=15
+                        )
+                    videos_saved, video_frames = videos_saved + 1, []
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                with autocast:
+                    _, next_value = policy(next_obs, memory_format)
+                advantages, returns = compute_gae(
+                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
+                )
+
+            # flatten the batch
+            b_obs = obs.flatten(0, 1)  # (batch, 4, 84, 84) uint8
+            b_logprobs, b_actions = logprobs.flatten(), actions.flatten()
+            b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            b_inds = np.arange(args.batch_size)
+            clipfracs, stats = [], []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                    with autocast:
+                        new_logits, newvalue = policy(b_obs[mb_inds], memory_format)
+                    probs = Categorical(logits=new_logits, validate_args=False)
+                    newlogprob, entropy = probs.log_prob(b_actions[mb_inds]), probs.entropy()
+                    mb_logprobs, mb_advantages = b_logprobs[mb_inds], b_advantages[mb_inds]
+                    mb_returns, mb_values = b_returns[mb_inds], b_values[mb_inds]
+                    logratio = newlogprob - mb_logprobs
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss]).detach())
+
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
+            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            if not (np.isfinite(loss) and weights_finite):
+                raise SystemExit(
+                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                )
+            y_pred, y_true = values.flatten(), returns.flatten()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if recent_returns:
+                progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good)
+    except KeyboardInterrupt:
+        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
+        if last_good is not None:
+            save_checkpoint(checkpoint_path, last_good)
+            print(
+                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
+            )
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,188 @@
+"""ppo_atari.py: the vector env against the classic wrapper stack, whole-game statistics, the network's layouts and
+precisions, the CLI, and bad input."""
+
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, read_scalars, run_dirs, run_script
+
+SCRIPT = "ppo_atari.py"
+p = pytest.importorskip("ppo_atari")
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The environment pipeline
+
+
+@pytest.mark.parametrize("env_id", ["PongNoFrameskip-v4", "BreakoutNoFrameskip-v4"])
+def test_vector_env_observations_equal_the_classic_wrapper_stack(env_id):
+    """ale-py's vector env (noop resets and FIRE reset off, life losses signalled without a reset) against gymnasium's
+    AtariPreprocessing + FrameStackObservation on the same ROM, seed and actions: pixel-identical frames once the
+    stack has filled; the stack's padding right after the reset is the one difference (the two pad differently)."""
+    envs = p.make_envs(env_id, 1, training=True, threads=1, noop_max=0, fire_reset=False)
+    reference = gym.make(env_id)
+    reference = gym.wrappers.AtariPreprocessing(reference, noop_max=0, frame_skip=4, screen_size=84, grayscale_obs=True)
+    reference = gym.wrappers.FrameStackObservation(reference, 4)
+    obs, _ = envs.reset(seed=7)
+    ref_obs, _ = reference.reset(seed=7)
+    np.testing.assert_array_equal(obs[0, -1], ref_obs[-1])  # the newest frame already agrees
+    rng = np.random.default_rng(0)
+    life_losses, compared = 0, 0
+    for t in range(600):
+        action = int(rng.integers(envs.single_action_space.n))
+        obs, reward, termination, truncation, _ = envs.step(np.array([action]))
+        ref_obs, ref_reward, ref_terminated, ref_truncated, _ = reference.step(action)
+        assert reward[0] == ref_reward
+        if ref_terminated or ref_truncated:
+            break
+        life_losses += int(termination[0])  # a life lost ends an episode for training but not the game
+        if t >= 3:
+            np.testing.assert_array_equal(obs[0], ref_obs)
+            compared += 1
+    assert compared > 100
+    if env_id.startswith("Breakout"):
+        assert life_losses > 0  # the comparison went on across life losses: the game was not reset
+    envs.close()
+    reference.close()
+
+
+def test_game_statistics_cover_whole_games_and_raw_scores():
+    """Training envs end an episode at every life lost; RecordGameStatistics must still report one entry per whole
+    game, with its raw score. Reference: the same seed and actions in an env that only ends games (no life signal)."""
+    steps, rng = 3000, np.random.default_rng(1)
+    actions = rng.integers(4, size=(steps, 2))
+    training = p.RecordGameStatistics(p.make_envs("BreakoutNoFrameskip-v4", 2, training=True, threads=1))
+    whole = p.make_envs("BreakoutNoFrameskip-v4", 2, training=False, threads=1)
+    training.reset(seed=3)
+    whole.reset(seed=3)
+    logged, expected, running, life_terminations = [], [], np.zeros(2), 0
+    for t in range(steps):
+        _, _, termination, _, info = training.step(actions[t])
+        _, reward, ref_termination, ref_truncation, _ = whole.step(actions[t])
+        running += reward
+        life_terminations += int(termination.sum())
+        if "episode" in info:
+            logged += [(t, i, info["episode"]["r"][i], info["episode"]["l"][i]) for i in np.flatnonzero(info["_episode"])]
+        for i in np.flatnonzero(ref_termination | ref_truncation):
+            expected.append((t, i, running[i]))
+            running[i] = 0
+    assert len(expected) >= 2 and life_terminations > 2 * len(expected)
+    assert [(t, i, r) for t, i, r, _ in logged] == expected
+    assert all(length > 0 for *_, length in logged)
+
+
+def test_reward_clipping_and_unknown_settings():
+    assert p.atari_settings("ALE/Pong-v5")["repeat_action_probability"] == 0.25
+    assert p.atari_settings("PongNoFrameskip-v4") == dict(
+        game="pong", repeat_action_probability=0.0, full_action_space=False, max_num_frames_per_episode=108_000
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The network: layouts and precisions
+
+
+def random_batch(batch: int = 6, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_channels_last_computes_the_same_function():
+    torch.manual_seed(0)
+    agent = p.Agent(6)
+    obs = random_batch()
+    logits, values = agent(obs, torch.contiguous_format)
+    fast = p.Agent(6)
+    fast.load_state_dict(agent.state_dict())
+    fast = fast.to(memory_format=torch.channels_last)
+    fast_logits, fast_values = fast(obs, torch.channels_last)
+    torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_values, values, rtol=1e-5, atol=1e-5)
+    assert fast_logits.dtype == torch.float32
+
+
+def test_bf16_autocast_stays_close_and_returns_float32():
+    """bf16 has an 8-bit mantissa: outputs agree with float32 to about 1e-2 relative, and come back as float32."""
+    torch.manual_seed(0)
+    agent = p.Agent(6)
+    with torch.no_grad():
+        agent.actor.weight.mul_(100)  # logits of order 1, so that the comparison means something
+        logits, values = agent(random_batch(), torch.channels_last)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low_logits, low_values = agent(random_batch(), torch.channels_last)
+    assert low_logits.dtype == torch.float32 and low_values.dtype == torch.float32
+    torch.testing.assert_close(low_logits, logits, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(low_values, values, rtol=0.05, atol=0.05)
+    assert (low_logits != logits).any()  # autocast did run in bf16
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("extra", [[], ["--bf16", "--no-channels-last"]])
+def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
+    """A tiny Pong run: every tag, a checkpoint; then a resume to more steps in the same run, and an evaluation."""
+    cwd = str(tmp_path)
+    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert ITERATION_TAGS <= set(scalars)
+    assert len(scalars["charts/SPS"]) == 3
+    path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["script"] == "ppo_atari" and checkpoint["global_step"] == 96 and checkpoint["iteration"] == 3
+    assert checkpoint["args"]["bf16"] == ("--bf16" in extra)
+
+    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert run_dirs(cwd) == [run_dir]
+    assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
+    assert torch.load(path, weights_only=True)["global_step"] == 160
+
+    result = run_script(SCRIPT, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
+    """Long enough for whole Pong games of a random policy: raw scores in [-21, 21], not clipped per step; one video
+    of env 0's first game."""
+    cwd = str(tmp_path)
+    flags = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "2304", "--capture-video", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert EPISODE_TAGS <= set(scalars)
+    scores = [v for _, v in scalars["charts/episodic_return"]]
+    assert all(-21 <= s <= 21 for s in scores) and min(scores) < -1  # whole games, not single clipped points
+    assert len(glob.glob(os.path.join(cwd, "videos", "*", "*.mp4"))) == 1
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "NoSuchGame-v4"], ["--env-id=NoSuchGame-v4", "pprint_registry"]),
+        (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Box", "ppo_continuous.py"]),
+        (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "not an Atari game"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "num_envs * num_steps = 1024"]),
+        (["--num-envs", "0"], ["--num-envs=0"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
+    assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
+    path = tmp_path / "other.pt"
+    torch.save({"script": "ppo_fsmn_cartpole", "model": {}}, path)
+    assert_one_line_error(run_script(SCRIPT, flag, str(path), cwd=str(tmp_path)), flag, "ppo_fsmn_cartpole")
