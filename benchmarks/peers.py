@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py recurrent-ppo --seed 1 --total-timesteps 150000     # sb3-contrib LSTM, masked CartPole
     python benchmarks/peers.py sb3-ppo --env-id CartPole-v1 --num-envs 4 --num-steps 128 --batch-size 128 --epochs 4
+    python benchmarks/peers.py sb3-ppo-atari --env-id PongNoFrameskip-v4                # CnnPolicy, CleanRL's settings
 
 Runs are written to runs/{env_id}__{exp_name}__{seed}__{time}, as the scripts do, with `charts/episodic_return`,
 `charts/episodic_length` and `charts/SPS`, so benchmarks/report.py and benchmarks/sps.py read both alike.
@@ -17,8 +18,8 @@ import tyro
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -117,6 +118,46 @@ def sb3_ppo(args: PPOArgs) -> None:
     writer.close()
 
 
+@dataclass
+class PPOAtariArgs:
+    """SB3 PPO (CnnPolicy: the NatureCNN) on Atari with SB3's wrappers, at ppo_atari.py's default settings (CleanRL's)."""
+
+    env_id: str = "PongNoFrameskip-v4"
+    seed: int = 1
+    total_timesteps: int = 10_000_000
+    num_envs: int = 8
+    num_steps: int = 128
+    batch_size: int = 256
+    epochs: int = 4
+    exp_name: str = "sb3_ppo_atari"
+    device: str = "auto"
+
+
+def sb3_ppo_atari(args: PPOAtariArgs) -> None:
+    envs = VecFrameStack(make_atari_env(args.env_id, n_envs=args.num_envs, seed=args.seed), n_stack=4)
+    model = PPO(
+        "CnnPolicy",
+        envs,
+        n_steps=args.num_steps,
+        batch_size=args.batch_size,
+        n_epochs=args.epochs,
+        learning_rate=lambda remaining: 2.5e-4 * remaining,
+        clip_range=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        gamma=0.99,
+        gae_lambda=0.95,
+        seed=args.seed,
+        device=args.device,
+    )
+    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
+    writer.close()
+
+
 if __name__ == "__main__":
-    args = tyro.extras.subcommand_cli_from_dict({"recurrent-ppo": RecurrentPPOArgs, "sb3-ppo": PPOArgs})
-    recurrent_ppo(args) if isinstance(args, RecurrentPPOArgs) else sb3_ppo(args)
+    peers = {"recurrent-ppo": (RecurrentPPOArgs, recurrent_ppo), "sb3-ppo": (PPOArgs, sb3_ppo)}
+    peers["sb3-ppo-atari"] = (PPOAtariArgs, sb3_ppo_atari)
+    args = tyro.extras.subcommand_cli_from_dict({name: cls for name, (cls, _) in peers.items()})
+    next(run for cls, run in peers.values() if isinstance(args, cls))(args)

@@ -1,6 +1,7 @@
 """Throughput of a script against its peer at equal settings, run alternately in one command.
 
     python benchmarks/sps.py --pair fsmn-cartpole --repeats 3
+    python benchmarks/sps.py --pair atari-pong --repeats 3          # and atari-pong-bf16
 
 Each repeat runs the script, then the peer, as separate processes one after the other (never at once: they
 would share the cores). A run's steps per second is measured from its TensorBoard `charts/SPS` events, over the
@@ -35,6 +36,20 @@ PAIRS = {
         total_timesteps=40_960,
         description="ppo_fsmn_cartpole.py (memory 8, 2 blocks of 64) vs SB3 PPO MlpPolicy (2x64), CartPole-v1, "
         "4 envs x 128 steps, 4 epochs, minibatch 128",
+    ),
+    "atari-pong": dict(
+        script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        peer=["benchmarks/peers.py", "sb3-ppo-atari", "--env-id", "PongNoFrameskip-v4", "--device", "cpu"],
+        total_timesteps=10_240,
+        description="ppo_atari.py (float32, channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
+        "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
+    ),
+    "atari-pong-bf16": dict(
+        script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress", "--bf16"],
+        peer=["benchmarks/peers.py", "sb3-ppo-atari", "--env-id", "PongNoFrameskip-v4", "--device", "cpu"],
+        total_timesteps=10_240,
+        description="ppo_atari.py --bf16 (channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
+        "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
     ),
 }
 

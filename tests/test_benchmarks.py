@@ -81,3 +81,14 @@ def test_runner_on_a_local_ray_instance(tmp_path):
     runs = sorted(os.listdir(tmp_path / "runs"))
     assert len(runs) == 2 and all(os.listdir(tmp_path / "runs" / run) for run in runs)  # event files came back
     assert sorted(os.listdir(tmp_path / "done")) == ["ppo_fsmn_cartpole__default__1", "ppo_fsmn_cartpole__default__2"]
+
+
+def test_preset_configs_filter(monkeypatch):
+    import run as runner
+
+    monkeypatch.setattr(runner.sys, "argv", ["run.py"])
+    runs, extra, _ = runner.plan(runner.Args(preset="atari-pong", configs=["atari_bf16"]))
+    assert [(c.name, s) for c, s in runs] == [("atari_bf16", 1)]
+    assert extra == ["--total-timesteps", "1500000"]
+    with pytest.raises(SystemExit, match="--configs=nope not in preset atari-pong"):
+        runner.plan(runner.Args(preset="atari-pong", configs=["nope"]))
