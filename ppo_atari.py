@@ -252,6 +252,15 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         return obs, rewards, terminations, truncations, info
 
 
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (Linux flags); elsewhere assume it does."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return bool({"avx512_bf16", "amx_bf16"} & set(next(line for line in f if line.startswith("flags")).split()))
+    except (OSError, StopIteration):
+        return True
+
+
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -457,6 +466,8 @@ def main(args: Args) -> None:
     agent = agent.to(memory_format=memory_format)
     policy = torch.compile(agent) if args.compile else agent  # the same parameters; `agent` is what gets saved
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     # TRY NOT TO MODIFY: resume

@@ -11,6 +11,7 @@ Runs are written to runs/{env_id}__{exp_name}__{seed}__{time}, as the scripts do
 import time
 from dataclasses import dataclass
 
+import ale_py
 import gymnasium as gym
 import numpy as np
 import torch
@@ -21,6 +22,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 from torch.utils.tensorboard import SummaryWriter
+
+gym.register_envs(ale_py)  # the Atari ids for make_atari_env
 
 
 class CleanRLTags(BaseCallback):
