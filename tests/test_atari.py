@@ -8,10 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, read_scalars, run_dirs, run_script
+from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, import_script, read_scalars, run_dirs, run_script
 
 SCRIPT = "ppo_atari.py"
-p = pytest.importorskip("ppo_atari")
+p = import_script("ppo_atari")
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
 
 
