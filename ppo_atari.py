@@ -18,6 +18,7 @@ training sees clipped rewards and a termination at every life lost.
 import copy
 import os
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -504,6 +505,16 @@ def main(args: Args) -> None:
     next_obs = torch.as_tensor(next_obs, device=device)
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
+    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
 
     try:
         for iteration in progress:
@@ -515,6 +526,8 @@ def main(args: Args) -> None:
             # ALGO LOGIC: rollout
             final_values.zero_()
             for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
                 global_step += args.num_envs
                 obs[step] = next_obs
 
@@ -659,6 +672,7 @@ def main(args: Args) -> None:
             print(
                 f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
             )
+        signal.signal(signal.SIGINT, previous_handler)
         progress.close()
         envs.close()
         writer.close()

@@ -103,10 +103,13 @@ class PPOArgs:
     batch_size: int = 128
     epochs: int = 4
     exp_name: str = "sb3_ppo"
+    normalize: bool = False
+    """VecNormalize observations and rewards (as ppo_continuous.py does by default)"""
 
 
 def sb3_ppo(args: PPOArgs) -> None:
     envs = make_vec_env(args.env_id, n_envs=args.num_envs, seed=args.seed)
+    envs = VecNormalize(envs) if args.normalize else envs
     model = PPO(
         "MlpPolicy",
         envs,

@@ -12,13 +12,14 @@ event files come back in its result. A run already complete (its marker in
 <out>/done/) is skipped unless --rerun, so an interrupted sweep resumes where it stopped.
 
 Presets, with their wall time on 2 CPU cores (workers 1); "measured" figures come from runs of the preset, the
-others are estimates from the scripts' measured steps per second:
+others are estimates from the scripts' measured steps per second on a 2-core AMD EPYC with AVX2 only:
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 8 and 0), plus sb3-contrib RecurrentPPO on
-                       the masked task, 5 seeds each, 150k steps: measured 50 to 90 minutes.
-  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: about 35 minutes and
-                       70 minutes on 2 CPUs (`--configs atari_bf16` for one of them); a few minutes each on a GPU.
-  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: about 7 minutes.
-  continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: about 60 minutes.
+                       the masked task, 5 seeds each, 150k steps: measured 82 minutes (RecurrentPPO is 2/3 of it).
+  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: float32 about 95 minutes
+                       (264 steps/s); bf16 only where the CPU has bf16 instructions (emulated, it is 10x slower);
+                       `--configs atari_fp32` for one of them. On a GPU, minutes.
+  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: PENDULUM_WALL.
+  continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: about 60-80 minutes.
 """
 
 import os

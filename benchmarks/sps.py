@@ -37,6 +37,14 @@ PAIRS = {
         description="ppo_fsmn_cartpole.py (memory 8, 2 blocks of 64) vs SB3 PPO MlpPolicy (2x64), CartPole-v1, "
         "4 envs x 128 steps, 4 epochs, minibatch 128",
     ),
+    "continuous-halfcheetah": dict(
+        script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress"],
+        peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "HalfCheetah-v5", "--num-envs", "8", "--num-steps", "256"]
+        + ["--batch-size", "256", "--epochs", "10", "--normalize"],
+        total_timesteps=20_480,
+        description="ppo_continuous.py (64x64 tanh actor and critic) vs SB3 PPO MlpPolicy (the same) with VecNormalize, "
+        "HalfCheetah-v5, 8 envs x 256 steps, 10 epochs, minibatch 256",
+    ),
     "atari-pong": dict(
         script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
         peer=["benchmarks/peers.py", "sb3-ppo-atari", "--env-id", "PongNoFrameskip-v4", "--device", "cpu"],
