@@ -422,7 +422,11 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
             break
         time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()  # never leave a training run behind to compete with the rest of the suite
+        raise
     assert process.returncode == 0, stderr
     assert "interrupted during iteration" in stdout
     (run_dir,) = run_dirs(str(tmp_path))
