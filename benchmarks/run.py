@@ -17,7 +17,7 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        the masked task, 5 seeds each, 150k steps: measured 82 minutes (RecurrentPPO is 2/3 of it).
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: float32 about 95 minutes
                        (264 steps/s); bf16 only where the CPU has bf16 instructions (emulated, it is 10x slower);
-                       `--configs atari_fp32` for one of them. On a GPU, minutes.
+                       `--configs atari_fp32` for one of them. On a GPU: not measured yet.
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 12 minutes (about 80 s a run alone).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: about 60-80 minutes.
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
