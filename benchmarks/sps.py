@@ -2,6 +2,7 @@
 
     python benchmarks/sps.py --pair fsmn-cartpole --repeats 3
     python benchmarks/sps.py --pair atari-pong --repeats 3          # and atari-pong-bf16
+    python benchmarks/sps.py --pair transformer-pong --repeats 3    # ppo_transformer_pong.py against ppo_atari.py
 
 Each repeat runs the script, then the peer, as separate processes one after the other (never at once: they
 would share the cores). A run's steps per second is measured from its TensorBoard `charts/SPS` events, over the
@@ -58,6 +59,14 @@ PAIRS = {
         total_timesteps=10_240,
         description="ppo_atari.py --bf16 (channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
         "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
+    ),
+    "transformer-pong": dict(
+        script=["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        peer=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        total_timesteps=10_240,
+        description="ppo_transformer_pong.py (lookback 16, 2 layers, d_model 128, one frame per step) vs ppo_atari.py "
+        "(NatureCNN on 4 stacked frames), both float32 channels-last, PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, "
+        "minibatch 256 (2 env sequences for the transformer)",
     ),
 }
 

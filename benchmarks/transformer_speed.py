@@ -1,0 +1,222 @@
+"""What the KV cache and the windowed one-pass attention of ppo_transformer_pong.py buy, side by side in one command.
+
+    python benchmarks/transformer_speed.py      # writes benchmarks/results/transformer_speed.md
+
+- Per-step inference (the rollout's policy step, 8 envs, no grad), at lookback 16, 64 and 256:
+  - cached: the script's `Agent.step`: the new frame's token, its query/key/value, attention to the cached keys;
+  - recompute window: the seed project's way: the new frame's token, then every layer over the window of the last
+    lookback + 1 tokens (the tokens of past frames kept, so the CNN does not run again), no cache;
+  - re-encode window: as recompute window, but the window's frames go through the CNN again at every step.
+  Only the last matches the cached step exactly for n_layers > 1 (the others' receptive field is one window; the
+  cached one's is n_layers windows); they are baselines of less work, so the ratios are conservative.
+- One update (one minibatch of 2 env sequences x 128 steps = 256 samples: forward, PPO loss, backward, Adam), at
+  lookback 16 and 64:
+  - windowed one pass: the script's `Agent.sequence`: 128 new tokens per env, band-and-episode-masked attention over
+    lookback + 128 keys;
+  - per-sample windows: the seed project's way: every sample re-encodes its window of lookback + 1 frames and runs
+    the transformer over it, reading the last token;
+  - per-sample windows over tokens: every frame encoded once, the transformer run over every sample's window.
+Each figure is the median of repeated timed calls after warm-up calls, all in this process, one after the other.
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import tyro
+from report import RESULTS, machine
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_transformer_pong as p  # noqa: E402  (the script under test, imported as a module: it starts nothing)
+
+FORMAT = torch.channels_last  # the script's default layout
+N_ACTIONS = 6
+
+
+@dataclass
+class Args:
+    step_lookbacks: tuple[int, ...] = (16, 64, 256)
+    """lookbacks of the per-step inference comparison"""
+    update_lookbacks: tuple[int, ...] = (16, 64)
+    """lookbacks of the update comparison"""
+    num_envs: int = 8
+    """envs stepped together (the script's default)"""
+    num_steps: int = 128
+    """steps per env sequence in an update (the script's default)"""
+    envs_per_minibatch: int = 2
+    """env sequences per minibatch (the script's default: 8 envs / 4 minibatches)"""
+    calls: int = 20
+    """timed calls per step measurement (after 3 warm-up calls); updates use a quarter of it, at least 3"""
+
+
+def median_time(fn, calls: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def window_masks(lookback: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention over one window of lookback + 1 tokens: visible (1, W+1, W+1) and distance (W+1, W+1)."""
+    positions = torch.arange(lookback + 1, device=device)
+    distance = positions.unsqueeze(1) - positions.unsqueeze(0)
+    return (distance >= 0).unsqueeze(0), distance
+
+
+def transformer_over_windows(agent, tokens: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    """tokens: (N, W+1, D) -> the last token's features (N, D), every layer run over the window, with no cache."""
+    n, _, d = tokens.shape
+    empty = tokens.new_zeros(n, agent.n_heads, 0, d // agent.n_heads)
+    x = tokens
+    for layer in agent.layers:
+        x, _, _ = layer(x, empty, empty, visible, distance)
+    return x[:, -1]
+
+
+def step_figures(lookback: int, args: Args) -> dict[str, float]:
+    torch.manual_seed(0)
+    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(memory_format=FORMAT)
+    device = torch.device("cpu")
+    frames = torch.randint(0, 256, (args.num_envs, 1, 84, 84), dtype=torch.uint8)
+    window_frames = torch.randint(0, 256, (args.num_envs, lookback + 1, 1, 84, 84), dtype=torch.uint8)
+    starts = torch.zeros(args.num_envs, dtype=torch.bool)
+    kv, valid = agent.initial_memory(args.num_envs, device)
+    valid[:] = True  # a full cache: the steady state deep into an episode
+    tokens = torch.randn(args.num_envs, lookback, agent.d_model)
+    visible, distance = window_masks(lookback, device)
+
+    @torch.no_grad()
+    def cached():
+        agent.step(frames, kv, valid, starts, FORMAT)  # token, attention to the cache, heads, the new cache
+
+    @torch.no_grad()
+    def recompute():
+        window = torch.cat([tokens, agent.encode(frames, FORMAT).unsqueeze(1)], dim=1)  # (B, W+1, D)
+        agent.heads(transformer_over_windows(agent, window, visible, distance))
+
+    @torch.no_grad()
+    def reencode():
+        window = agent.encode(window_frames.flatten(0, 1), FORMAT).view(args.num_envs, lookback + 1, -1)
+        agent.heads(transformer_over_windows(agent, window, visible, distance))
+
+    calls = args.calls
+    return {
+        "cached": median_time(cached, calls),
+        "recompute window": median_time(recompute, calls),
+        "re-encode window": median_time(reencode, max(3, calls // 4)),
+    }
+
+
+def ppo_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """The script's loss shape on made-up targets (what is timed is the network's forward and backward)."""
+    probs = torch.distributions.Categorical(logits=logits)
+    ratio = (probs.log_prob(actions) - np.log(1.0 / N_ACTIONS)).exp()
+    advantages = torch.linspace(-1, 1, ratio.shape[0])
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.9, 1.1)).mean()
+    return pg_loss + 0.5 * (values**2).mean() - 0.01 * probs.entropy().mean()
+
+
+def update_figures(lookback: int, args: Args) -> dict[str, float]:
+    torch.manual_seed(0)
+    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(memory_format=FORMAT)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-9, eps=1e-5, fused=True)
+    device = torch.device("cpu")
+    T, B, W = args.num_steps, args.envs_per_minibatch, lookback
+    frames = torch.randint(0, 256, (W + T, B, 1, 84, 84), dtype=torch.uint8)  # W frames before the rollout, then T
+    starts = torch.zeros(T, B, dtype=torch.bool)
+    actions = torch.randint(0, N_ACTIONS, (T * B,))
+    kv, valid = agent.initial_memory(B, device)
+    with torch.no_grad():  # the cache at the rollout's start, from the W frames before it
+        valid[:] = False
+        for t in range(W):
+            _, _, kv, valid = agent.step(frames[t], kv, valid, starts[0], FORMAT)
+    visible, distance = window_masks(W, device)
+    windows = torch.arange(T).unsqueeze(1) + torch.arange(W + 1).unsqueeze(0)  # (T, W+1): frame indices of each window
+
+    def gradient_step(logits: torch.Tensor, values: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        ppo_loss(logits, values, actions).backward()
+        optimizer.step()
+
+    def windowed():
+        logits, values = agent.sequence(frames[W:], kv, valid, starts, FORMAT)  # (T, B, A), (T, B)
+        gradient_step(logits.flatten(0, 1), values.flatten())
+
+    def per_sample_frames():
+        window_frames = frames[windows]  # (T, W+1, B, 1, 84, 84)
+        tokens = agent.encode(window_frames.transpose(1, 2).flatten(0, 2), FORMAT).view(T * B, W + 1, -1)
+        logits, values = agent.heads(transformer_over_windows(agent, tokens, visible, distance))
+        gradient_step(logits, values)
+
+    def per_sample_tokens():
+        tokens = agent.encode(frames.flatten(0, 1), FORMAT).view(W + T, B, -1)
+        window_tokens = tokens[windows].transpose(1, 2).flatten(0, 1)  # (T * B, W+1, D)
+        logits, values = agent.heads(transformer_over_windows(agent, window_tokens, visible, distance))
+        gradient_step(logits, values)
+
+    calls = max(3, args.calls // 4)
+    return {
+        "windowed one pass": median_time(windowed, calls, warmup=1),
+        "per-sample windows": median_time(per_sample_frames, 3, warmup=1),
+        "per-sample windows over tokens": median_time(per_sample_tokens, calls, warmup=1),
+    }
+
+
+def main(args: Args) -> None:
+    torch.set_grad_enabled(True)
+    lines = [
+        "# ppo_transformer_pong.py: KV cache and windowed attention against recomputation",
+        "",
+        f"Machine: {machine()}. Generated by `python benchmarks/transformer_speed.py` (float32, channels-last, the "
+        "script's default network: d_model 128, 2 layers, 4 heads). Median wall time of repeated calls, one after the "
+        "other in one process.",
+        "",
+        f"## Per-step inference ({args.num_envs} envs, no grad)",
+        "",
+        "| lookback | cached (ms) | recompute window (ms) | re-encode window (ms) | recompute / cached | re-encode / cached |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lookback in args.step_lookbacks:
+        f = step_figures(lookback, args)
+        row = (
+            f"| {lookback} | {1e3 * f['cached']:.2f} | {1e3 * f['recompute window']:.2f} | "
+            f"{1e3 * f['re-encode window']:.1f} | **{f['recompute window'] / f['cached']:.1f}x** | "
+            f"{f['re-encode window'] / f['cached']:.0f}x |"
+        )
+        lines.append(row)
+        print(row, flush=True)
+    lines += [
+        "",
+        f"## One update ({args.envs_per_minibatch} env sequences x {args.num_steps} steps = "
+        f"{args.envs_per_minibatch * args.num_steps} samples: forward, loss, backward, Adam)",
+        "",
+        "| lookback | windowed one pass (s) | per-sample windows (s) | per-sample windows over tokens (s) | "
+        "per-sample / windowed | over tokens / windowed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lookback in args.update_lookbacks:
+        f = update_figures(lookback, args)
+        row = (
+            f"| {lookback} | {f['windowed one pass']:.3f} | {f['per-sample windows']:.2f} | "
+            f"{f['per-sample windows over tokens']:.3f} | **{f['per-sample windows'] / f['windowed one pass']:.1f}x** | "
+            f"{f['per-sample windows over tokens'] / f['windowed one pass']:.1f}x |"
+        )
+        lines.append(row)
+        print(row, flush=True)
+    lines.append("")
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, "transformer_speed.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    print(path)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,849 @@
+"""PPO whose policy attends over the frames of the current episode: a causal transformer, cached and windowed.
+
+Every step, one 84x84 grayscale frame (no frame stack: time is the transformer's job) is encoded by the NatureCNN's
+convolutions into a token. A pre-norm causal transformer attends from the current token to the last `lookback`
+tokens of the current episode, with a learned bias per head and distance as its positional information; the actor
+and critic heads read the current token's output. The same weights run two ways, and they agree (tested to 1e-5):
+
+- Rollouts keep a per-environment key/value cache of the last `lookback` steps of every layer: a step computes the
+  new frame's query, key and value only and attends to the cache, at a cost linear in `lookback` and independent of
+  the step's place in the episode. The cache is emptied when an episode begins.
+- Training runs each environment's whole rollout in one pass with sliding-window causal attention over the
+  `lookback` cached steps that preceded the rollout plus its `num_steps` new ones, under a band-and-episode mask,
+  instead of re-encoding a window of frames for every sample. Minibatches are whole environment sequences.
+
+The environments are ppo_atari.py's: ale-py's C++ vector env, frame skip 4 with max-pooling, noop and FIRE resets, a
+life lost ends an episode for training (and empties the memory), rewards clipped for training, raw whole-game scores
+in `charts/episodic_return`.
+
+    python ppo_transformer_pong.py                                   # Pong, 10M steps
+    python ppo_transformer_pong.py --lookback 64 --n-layers 3
+    python ppo_transformer_pong.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
+
+Defaults: ppo_atari.py's PPO settings (CleanRL's Atari ones), with minibatches of 2 whole env sequences; lookback 16,
+since the seed project found short lookbacks (10) learn faster on Pong than long ones (256); 2 layers, 4 heads,
+d_model 128. Measured results: see README.md and benchmarks/results/transformer_pong.md.
+"""
+
+import copy
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+SCRIPT = "ppo_transformer_pong"
+gym.register_envs(ale_py)
+
+
+@dataclass
+class Args:
+    # TRY NOT TO MODIFY: experiment arguments
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save checkpoints to `runs/{run_name}/checkpoint.pt`"""
+    save_interval: int = 50
+    """with --save-model, write a checkpoint every this many iterations (and at the end)"""
+    resume: str | None = None
+    """path of a checkpoint of this script to continue training from (pass the same flags as the original run)"""
+    eval_checkpoint: str | None = None
+    """if set, do not train: load this checkpoint, play --eval-episodes episodes and print the mean and std"""
+    eval_episodes: int = 10
+    """number of episodes played by the evaluation mode"""
+    eval_deterministic: bool = True
+    """the evaluation mode takes the most likely action (otherwise it samples)"""
+    progress: bool = True
+    """show a progress bar (`--no-progress` to turn it off)"""
+
+    # ALGO LOGIC: algorithm arguments
+    env_id: str = "PongNoFrameskip-v4"
+    """the id of the environment (a gymnasium Atari id: PongNoFrameskip-v4, ALE/Breakout-v5, ...)"""
+    total_timesteps: int = 10_000_000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (each holds num_envs / num_minibatches whole env sequences)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+
+    # ALGO LOGIC: network and memory arguments
+    lookback: int = 16
+    """how many past steps of the current episode a step attends to (0: the memoryless ablation)"""
+    d_model: int = 128
+    """width of the tokens and of the transformer"""
+    n_layers: int = 2
+    """number of transformer layers"""
+    n_heads: int = 4
+    """number of attention heads (must divide --d-model)"""
+
+    # ALGO LOGIC: speed arguments (none of them changes what is computed, beyond floating-point rounding)
+    channels_last: bool = True
+    """run the convolutions in channels-last (NHWC) layout, about 1.4x faster on CPUs"""
+    bf16: bool = False
+    """run the forward passes under bfloat16 autocast (weights, losses and optimizer stay float32)"""
+    compile: bool = False
+    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    env_threads: int = 0
+    """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
+
+    # to be filled in runtime
+    batch_size: int = field(init=False)
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = field(init=False)
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = field(init=False)
+    """the number of iterations (computed in runtime)"""
+
+    def __post_init__(self):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "total_timesteps",
+            "save_interval",
+            "eval_episodes",
+            "d_model",
+            "n_layers",
+            "n_heads",
+        ):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        if self.lookback < 0:
+            raise SystemExit(f"error: --lookback={self.lookback} must be at least 0")
+        if self.d_model % self.n_heads != 0:
+            raise SystemExit(f"error: --n-heads={self.n_heads} must divide --d-model={self.d_model}")
+        if self.num_envs % self.num_minibatches != 0:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} must divide --num-envs={self.num_envs} "
+                "(minibatches are whole environment sequences)"
+            )
+        self.batch_size = self.num_envs * self.num_steps
+        self.minibatch_size = self.batch_size // self.num_minibatches
+        if self.norm_adv and self.minibatch_size < 2:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
+                "advantage normalisation (--norm-adv) needs at least 2"
+            )
+        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def atari_settings(env_id: str) -> dict:
+    """A gymnasium Atari id -> the ROM and the id's sticky-action probability, or one clear line for anything else.
+    The NoFrameskip-v4 ids have no sticky actions, the v5 ids repeat the previous action with probability 0.25;
+    frame skipping is always 4 here (the vector env's), whatever the id's own frameskip."""
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        raise SystemExit(
+            f"error: --env-id={env_id} is not a registered gymnasium id; list the Atari ones with "
+            "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
+        ) from None
+    if spec.entry_point != "ale_py.env:AtariEnv":
+        env = gym.make(spec)
+        kind = type(env.action_space).__name__
+        env.close()
+        raise SystemExit(
+            f"error: --env-id={env_id} is not an Atari game (its action space is {kind}); {SCRIPT}.py takes ids such as "
+            "PongNoFrameskip-v4 or ALE/Breakout-v5 (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py small "
+            "discrete ones)"
+        )
+    if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
+        raise SystemExit(
+            f"error: --env-id={env_id} is a RAM or continuous-action variant; pick a pixel id with discrete actions"
+        )
+    return dict(
+        game=spec.kwargs["game"],
+        repeat_action_probability=spec.kwargs.get("repeat_action_probability", 0.25),
+        full_action_space=spec.kwargs.get("full_action_space", False),
+        max_num_frames_per_episode=spec.kwargs.get("max_num_frames_per_episode", 108_000) or 108_000,
+    )
+
+
+def make_envs(
+    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
+) -> AtariVectorEnv:
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015). Training envs
+    end an episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv)
+    and the script clips their rewards; evaluation envs play whole games and score them raw. Rewards come back raw
+    either way, so that a game's score can be summed before clipping."""
+    return AtariVectorEnv(
+        **atari_settings(env_id),
+        num_envs=num_envs,
+        num_threads=threads or min(num_envs, os.cpu_count() or 1),
+        noop_max=noop_max,
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=1,  # one frame per step: time is the transformer's job
+        use_fire_reset=fire_reset,
+        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
+        life_loss_info=training,
+        reward_clipping=False,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+class RecordGameStatistics(gym.vector.VectorWrapper):
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, `t`) and `info["_episode"]` when a game
+    ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
+    is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
+    are agent steps (4 frames each).
+
+        lives    3  3  2  2  1  1  [3]       [3] = the reset game's first info (SAME_STEP autoreset)
+        term     .  .  T  .  T  .   T
+        game                        over"""
+
+    def __init__(self, env: gym.vector.VectorEnv):
+        super().__init__(env)
+        self.returns = np.zeros(self.num_envs)
+        self.lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self.lives = np.zeros(self.num_envs, dtype=np.int64)
+        self.start_time = time.perf_counter()
+        self.starts = np.full(self.num_envs, self.start_time)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.returns[:], self.lengths[:], self.lives[:] = 0, 0, info["lives"]
+        self.starts[:] = time.perf_counter()
+        return obs, info
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        self.returns += rewards
+        self.lengths += 1
+        game_over = truncations | (terminations & (info["lives"] >= self.lives))
+        self.lives = info["lives"].astype(np.int64)
+        if game_over.any():
+            now = time.perf_counter()
+            info = dict(info)
+            info["episode"] = {
+                "r": np.where(game_over, self.returns, 0.0),
+                "l": np.where(game_over, self.lengths, 0),
+                "t": np.where(game_over, np.round(now - self.starts, 6), 0.0),
+            }
+            info["_episode"] = game_over
+            self.returns[game_over], self.lengths[game_over], self.starts[game_over] = 0, 0, now
+        return obs, rewards, terminations, truncations, info
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (Linux flags); elsewhere assume it does."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return bool({"avx512_bf16", "amx_bf16"} & set(next(line for line in f if line.startswith("flags")).split()))
+    except (OSError, StopIteration):
+        return True
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class TransformerLayer(nn.Module):
+    """A pre-norm transformer layer (Xiong et al. 2020) whose attention takes extra keys and values from a cache.
+
+        x = x + Attention(LayerNorm(x), over [cached keys, new keys]) with bias[h, distance] on every score
+        x = x + MLP(LayerNorm(x))
+
+    The positional information is a learned bias per head and distance (0 = the step itself, up to lookback), as
+    T5's relative bias without buckets: it depends only on how far back a key is, so it is the same in a cached step
+    and in a window anywhere in the rollout. It starts at zero. No dropout."""
+
+    def __init__(self, d_model: int, n_heads: int, lookback: int):
+        super().__init__()
+        self.n_heads, self.lookback = n_heads, lookback
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): [h, d] for a key d steps back
+
+    def forward(
+        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (B, T, D) new tokens; k_cache, v_cache: (B, H, W, D/H) the W = lookback steps before them; visible: (B, T, W+T)
+        bool, which keys each new token may attend to; distance: (T, W+T) steps from each token back to each key.
+        Returns the new tokens' outputs (B, T, D) and all keys and values (B, H, W+T, D/H)."""
+        B, T, D = x.shape
+        q, k, v = (
+            self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        )  # (B, H, T, D/H) each
+        keys, values = (
+            torch.cat([k_cache.to(k.dtype), k], dim=2),
+            torch.cat([v_cache.to(v.dtype), v], dim=2),
+        )  # (B, H, W+T, D/H)
+        bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, W+T)
+        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(
+            q.dtype
+        )  # (B, H, T, W+T); every row sees its own step
+        attention = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, T, D/H)
+        x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.norm2(x)), keys, values
+
+
+class Agent(nn.Module):
+    """A CNN token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over
+    the last `lookback` tokens of the episode, a final LayerNorm, a policy head (std 0.01) and a value head (std 1).
+
+    The memory of the running episodes is `(kv, valid)`: kv (L, 2, B, H, W, D/H) holds every layer's keys and values
+    of the last W = lookback steps, oldest first; valid (B, W) says which of those W slots hold a step of the current
+    episode (the others are never attended to)."""
+
+    def __init__(self, n_actions: int, args: Args):
+        super().__init__()
+        self.lookback, self.n_heads, self.d_model = args.lookback, args.n_heads, args.d_model
+        self.encoder = nn.Sequential(
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),  # (N, 32, 20, 20)
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (N, 64, 9, 9)
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),  # (N, 64, 7, 7)
+            nn.ReLU(),
+            nn.Flatten(),  # (N, 3136), in (C, H, W) order whatever the memory layout
+            layer_init(nn.Linear(64 * 7 * 7, args.d_model)),  # (N, D): one token per frame
+        )
+        self.layers = nn.ModuleList(TransformerLayer(args.d_model, args.n_heads, args.lookback) for _ in range(args.n_layers))
+        self.norm = nn.LayerNorm(args.d_model)
+        self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
+
+    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback, self.d_model // self.n_heads)
+        return torch.zeros(shape, device=device), torch.zeros((num_envs, self.lookback), dtype=torch.bool, device=device)
+
+    def encode(self, frames: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+        """frames: (N, 1, 84, 84) uint8 -> tokens (N, D)."""
+        return self.encoder(frames.contiguous(memory_format=memory_format).float() / 255.0)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.norm(x)
+        return self.actor(x).float(), self.critic(x).squeeze(-1).float()
+
+    def step(
+        self,
+        frames: torch.Tensor,
+        kv: torch.Tensor,
+        valid: torch.Tensor,
+        episode_starts: torch.Tensor,
+        memory_format: torch.memory_format,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: (L, 2, B, H, W, D/H); valid: (B, W);
+        episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid) for the next step.
+
+            slots     t-W ... t-2 t-1 | t       the new step attends to the W cached slots and to itself,
+            distance   W  ...  2   1  | 0       skipping the slots that are not `valid` (another episode)"""
+        valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: an episode that begins attends to nothing before it
+        x = self.encode(frames, memory_format).unsqueeze(1)  # (B, 1, D)
+        visible = torch.cat([valid, valid.new_ones(valid.shape[0], 1)], dim=1).unsqueeze(1)  # (B, 1, W+1)
+        distance = torch.arange(self.lookback, -1, -1, device=frames.device).unsqueeze(0)  # (1, W+1)
+        new_kv = []
+        for layer, (k_cache, v_cache) in zip(self.layers, kv):
+            x, keys, values = layer(x, k_cache, v_cache, visible, distance)
+            new_kv.append(torch.stack([keys[:, :, 1:], values[:, :, 1:]]).float())  # drop the oldest slot
+        logits, value = self.heads(x.squeeze(1))
+        return logits, value, torch.stack(new_kv), visible[:, 0, 1:]
+
+    def sequence(
+        self,
+        frames: torch.Tensor,
+        kv: torch.Tensor,
+        valid: torch.Tensor,
+        episode_starts: torch.Tensor,
+        memory_format: torch.memory_format,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole rollout of every env in one pass. frames: (T, B, 1, 84, 84) uint8; kv, valid: the memory at the
+        rollout's start; episode_starts: (T, B) bool. Returns logits (T, B, A) and values (T, B), equal to running
+        `step` T times. Each new token attends to the keys within `lookback` steps of it in its own episode:
+
+            W=3, T=5, an episode starts at t=2         keys:  c-3 c-2 c-1 | t0  t1  t2  t3  t4
+            episode id (empty cache slots: -1)                 -1   0   0 |  0   0   1   1   1
+            query t1 (id 0) sees                                    x   x |  x   x
+            query t3 (id 1) sees                                          |          x   x
+            query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
+        T, B = episode_starts.shape
+        W = self.lookback
+        x = self.encode(frames.flatten(0, 1), memory_format).view(T, B, -1).transpose(0, 1)  # (B, T, D)
+        ids = torch.cumsum(episode_starts.long(), dim=0).T  # (B, T): every start begins a new id
+        key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T): cached slots of the running episode are id 0
+        positions = torch.arange(W + T, device=frames.device)
+        distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t sits at position W+t
+        band = (distance >= 0) & (distance <= W)  # (T, W+T): causal, at most lookback steps back
+        visible = band & (key_ids.unsqueeze(1) == ids.unsqueeze(2))  # (B, T, W+T): and the same episode
+        for layer, (k_cache, v_cache) in zip(self.layers, kv):
+            x, _, _ = layer(x, k_cache, v_cache, visible, distance)
+        logits, values = self.heads(x)  # (B, T, A), (B, T)
+        return logits.transpose(0, 1), values.T
+
+
+def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
+    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
+    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
+    gumbel = -torch.empty_like(logits).exponential_().log()
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    final_values: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
+
+    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
+    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
+    its final observation (the next stored observation already belongs to the new episode).
+    """
+    dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
+    bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
+    next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
+    deltas = rewards + gamma * next_values - values
+    discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
+    var_y = torch.var(y_true)
+    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+
+
+# TRY NOT TO MODIFY: checkpoint helpers
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp_path = f"{path}.tmp"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path: str, flag: str) -> dict:
+    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {flag}={path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != SCRIPT:
+        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+    return checkpoint
+
+
+def rng_states() -> dict:
+    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = {
+        "key": key.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def make_checkpoint(
+    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
+) -> dict:
+    return {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "run_name": run_name,
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states(),
+    }
+
+
+# ALGO LOGIC: evaluation
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    args = Args(**saved)
+    envs = make_envs(args.env_id, 1, training=False)
+    agent = Agent(envs.single_action_space.n, args).to(device)
+    envs.close()
+    agent.load_state_dict(checkpoint["model"])
+    return agent, args
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores.
+    The env signals a life lost as training's did (without resetting the game), so that the memory is emptied where
+    it was in training."""
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    agent.eval()
+    memory_format = torch.channels_last if saved_args.channels_last else torch.contiguous_format
+    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
+    obs, _ = envs.reset(seed=seed)
+    (kv, valid), done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
+    scores = []
+    while len(scores) < episodes:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=saved_args.bf16):
+            logits, _, kv, valid = agent.step(torch.as_tensor(obs, device=device), kv, valid, done, memory_format)
+        action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
+        obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
+        done = torch.as_tensor(termination | truncation, device=device)
+        if "episode" in infos:
+            scores.append(float(infos["episode"]["r"][0]))
+    envs.close()
+    return scores
+
+
+def main(args: Args) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint is not None:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+        return
+    atari_settings(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name, tracking and logging
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=True,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup, agent and optimizer
+    # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
+    # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
+    envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
+    agent = Agent(envs.single_action_space.n, args).to(device)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    agent = agent.to(memory_format=memory_format)
+    # the same parameters compiled or not; `agent` is what gets saved
+    agent_step, agent_sequence = (torch.compile(f) if args.compile else f for f in (agent.step, agent.sequence))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            raise SystemExit(
+                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
+            ) from None
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        set_rng_states(checkpoint["rng_states"])
+        if start_iteration > args.num_iterations:
+            raise SystemExit(
+                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
+            )
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    kv, valid = agent.initial_memory(args.num_envs, device)  # (L, 2, num_envs, H, W, D/H), (num_envs, W): the KV cache
+    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
+    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout, the transformer run step by step with its per-env key/value cache
+            initial_kv, initial_valid = kv.clone(), valid.clone()  # training restarts every sequence from here
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+                episode_starts[step] = next_done
+
+                with torch.no_grad(), autocast:
+                    logits, value, kv, valid = agent_step(next_obs, kv, valid, next_done, memory_format)
+                action, logprob = sample_action(logits)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a game cut at the frame limit from its final observation, seen with that game's memory
+                    with torch.no_grad(), autocast:
+                        no_start = torch.zeros(args.num_envs, dtype=torch.bool, device=device)
+                        final_obs = torch.as_tensor(infos["final_obs"], device=device)
+                        _, final_value, _, _ = agent_step(final_obs, kv, valid, no_start, memory_format)
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                next_obs = torch.as_tensor(next_obs_np, device=device)
+                next_done = torch.as_tensor(termination | truncation, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+
+                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
+                if args.capture_video and "episode" in infos and infos["_episode"][0]:
+                    if capped_cubic_video_schedule(videos_saved):
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
+                        save_video(
+                            frames, f"videos/{run_name}", episode_trigger=lambda _: True, episode_index=videos_saved, fps=15
+                        )
+                    videos_saved, video_frames = videos_saved + 1, []
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                with autocast:
+                    _, next_value, _, _ = agent_step(next_obs, kv, valid, next_done, memory_format)
+                advantages, returns = compute_gae(
+                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
+                )
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
+            env_inds = np.arange(args.num_envs)
+            envs_per_minibatch = args.num_envs // args.num_minibatches
+            clipfracs, stats = [], []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(env_inds)
+                for start in range(0, args.num_envs, envs_per_minibatch):
+                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
+                    with autocast:
+                        new_logits, newvalue = agent_sequence(
+                            obs[:, mb_envs],
+                            initial_kv[:, :, mb_envs],
+                            initial_valid[mb_envs],
+                            episode_starts[:, mb_envs],
+                            memory_format,
+                        )
+                    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
+                    mb_actions = actions[:, mb_envs].flatten()
+                    newlogprob, entropy, newvalue = probs.log_prob(mb_actions), probs.entropy(), newvalue.flatten()
+                    mb_logprobs, mb_advantages = logprobs[:, mb_envs].flatten(), advantages[:, mb_envs].flatten()
+                    mb_returns, mb_values = returns[:, mb_envs].flatten(), values[:, mb_envs].flatten()
+                    logratio = newlogprob - mb_logprobs
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss]).detach())
+
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
+            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            if not (np.isfinite(loss) and weights_finite):
+                raise SystemExit(
+                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                )
+            y_pred, y_true = values.flatten(), returns.flatten()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if recent_returns:
+                progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good)
+    except KeyboardInterrupt:
+        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
+        if last_good is not None:
+            save_checkpoint(checkpoint_path, last_good)
+            print(
+                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
+            )
+        signal.signal(signal.SIGINT, previous_handler)
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

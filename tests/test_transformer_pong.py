@@ -1,0 +1,268 @@
+"""ppo_transformer_pong.py: cached step-by-step attention against the windowed one-pass sequence and a plain loop,
+episode isolation, the replay of a rollout in training, finite losses, the CLI and bad input."""
+
+import glob
+import math
+import os
+
+import pytest
+import torch
+from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, import_script, read_scalars, run_dirs, run_script
+
+SCRIPT = "ppo_transformer_pong.py"
+p = import_script("ppo_transformer_pong")
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+FORMAT = torch.contiguous_format
+
+
+def random_agent(lookback: int, n_layers: int, n_heads: int, seed: int = 0) -> "p.Agent":
+    """A small agent whose distance biases are random (they start at zero, which would hide a wrong distance) and
+    whose actor head has unit-scale weights (not 0.01), so that any difference in the features shows in the logits."""
+    torch.manual_seed(seed)
+    agent = p.Agent(6, p.Args(lookback=lookback, n_layers=n_layers, n_heads=n_heads, d_model=16))
+    with torch.no_grad():
+        for layer in agent.layers:
+            layer.distance_bias.normal_(0.0, 1.0)
+        agent.actor.weight.normal_(0.0, 1.0)
+    return agent
+
+
+def random_frames(steps: int, num_envs: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (steps, num_envs, 1, 84, 84), dtype=torch.uint8, generator=generator)
+
+
+def random_starts(steps: int, num_envs: int, reset_prob: float, seed: int = 0) -> torch.Tensor:
+    starts = torch.rand(steps, num_envs, generator=torch.Generator().manual_seed(seed + 1)) < reset_prob
+    starts[0] = True  # every env begins an episode
+    return starts
+
+
+@torch.no_grad()
+def run_steps(agent, frames: torch.Tensor, starts: torch.Tensor, memory=None):
+    """The rollout's way: one step at a time with the KV cache. Returns logits (T, B, A), values (T, B), the memory
+    before every step and after the last."""
+    memory = memory or agent.initial_memory(frames.shape[1], torch.device("cpu"))
+    logits, values, memories = [], [], [memory]
+    for t in range(frames.shape[0]):
+        logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
+        logits.append(logit)
+        values.append(value)
+        memories.append(tuple(memory))
+    return torch.stack(logits), torch.stack(values), memories
+
+
+@torch.no_grad()
+def reference_outputs(agent, frames: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain loop over every env, layer, step and head, from the first step of the data: step t attends, in every
+    layer, to the steps s of its own episode with t - lookback <= s <= t, with scores q.k / sqrt(d) + bias[h, t - s].
+    It shares only the weights with the script (no cache, no masks, no scaled_dot_product_attention)."""
+    steps, num_envs = starts.shape
+    tokens = agent.encode(frames.flatten(0, 1), FORMAT).view(steps, num_envs, -1)
+    all_logits, all_values = torch.zeros(steps, num_envs, 6), torch.zeros(steps, num_envs)
+    for b in range(num_envs):
+        episode_start = [0] * steps
+        for t in range(steps):
+            episode_start[t] = t if starts[t, b] or t == 0 else episode_start[t - 1]
+        x = tokens[:, b]  # (T, D)
+        for layer in agent.layers:
+            heads, d = layer.n_heads, x.shape[1] // layer.n_heads
+            q, k, v = layer.qkv(layer.norm1(x)).view(steps, 3, heads, d).unbind(1)  # (T, H, d) each
+            out = torch.zeros(steps, heads, d)
+            for t in range(steps):
+                for h in range(heads):
+                    keys = range(max(episode_start[t], t - agent.lookback), t + 1)
+                    scores = torch.stack([q[t, h] @ k[s, h] / math.sqrt(d) + layer.distance_bias[h, t - s] for s in keys])
+                    out[t, h] = (torch.softmax(scores, 0).unsqueeze(1) * v[list(keys), h]).sum(0)
+            x = x + layer.proj(out.flatten(1))
+            x = x + layer.mlp(layer.norm2(x))
+        all_logits[:, b], all_values[:, b] = agent.heads(x)
+    return all_logits, all_values
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The transformer: cached steps, the windowed one-pass sequence and a plain loop agree; nothing crosses an episode
+
+
+@pytest.mark.parametrize("lookback", [0, 1, 5, 16])
+@pytest.mark.parametrize("n_layers, n_heads", [(1, 1), (2, 4), (3, 2)])
+@pytest.mark.parametrize("lengths", [(1, 1), (6, 9), (24, 24)])
+@pytest.mark.parametrize("reset_prob", [0.0, 0.2])
+def test_cached_steps_equal_windowed_one_pass(lookback, n_layers, n_heads, lengths, reset_prob):
+    """Two rollouts back to back, as in training: each rollout's one-pass sequence, started from the memory saved at
+    its start, equals the cached step-by-step outputs to 1e-5, across the boundary between the two rollouts. The
+    cache keeps its size whatever the step (the per-step cost does not grow with the episode)."""
+    agent = random_agent(lookback, n_layers, n_heads)
+    first, second = lengths
+    frames, starts = random_frames(first + second, 3), random_starts(first + second, 3, reset_prob)
+    logits, values, memories = run_steps(agent, frames, starts)
+    assert {tuple(kv.shape) for kv, _ in memories} == {(n_layers, 2, 3, n_heads, lookback, 16 // n_heads)}
+    with torch.no_grad():
+        for begin, end in ((0, first), (first, first + second)):
+            seq_logits, seq_values = agent.sequence(frames[begin:end], *memories[begin], starts[begin:end], FORMAT)
+            torch.testing.assert_close(seq_logits, logits[begin:end], rtol=0, atol=1e-5)
+            torch.testing.assert_close(seq_values, values[begin:end], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("lookback, n_layers, n_heads", [(0, 1, 1), (3, 2, 2), (6, 1, 4)])
+def test_cached_steps_equal_a_plain_loop(lookback, n_layers, n_heads):
+    agent = random_agent(lookback, n_layers, n_heads)
+    frames, starts = random_frames(20, 2, seed=3), random_starts(20, 2, 0.15, seed=3)
+    logits, values, _ = run_steps(agent, frames, starts)
+    ref_logits, ref_values = reference_outputs(agent, frames, starts)
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(values, ref_values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_nothing_crosses_an_episode_start(n_layers):
+    """Changing every frame before an episode start changes nothing from the start on, in the cached steps and in the
+    one-pass sequence; changing a frame after it does change the outputs (the test can fail)."""
+    agent = random_agent(8, n_layers, 2)
+    frames, starts = random_frames(16, 2, seed=5), torch.zeros(16, 2, dtype=torch.bool)
+    starts[0], starts[9, 0] = True, True
+    other = frames.clone()
+    other[:9, 0] = random_frames(9, 1, seed=6)[:, 0]
+    logits, _, _ = run_steps(agent, frames, starts)
+    other_logits, _, _ = run_steps(agent, other, starts)
+    torch.testing.assert_close(other_logits[9:, 0], logits[9:, 0], rtol=0, atol=0)
+    assert (other_logits[:9, 0] != logits[:9, 0]).any()
+    with torch.no_grad():
+        memory = agent.initial_memory(2, torch.device("cpu"))
+        seq_logits, _ = agent.sequence(frames, *memory, starts, FORMAT)
+        other_seq_logits, _ = agent.sequence(other, *memory, starts, FORMAT)
+    torch.testing.assert_close(other_seq_logits[9:, 0], seq_logits[9:, 0], rtol=0, atol=0)
+
+
+def test_one_layer_attends_exactly_lookback_steps_back():
+    """With one layer, the output at step t depends on frame t - lookback and not on frame t - lookback - 1."""
+    lookback, t = 4, 10
+    agent = random_agent(lookback, 1, 2)
+    frames, starts = random_frames(t + 1, 1, seed=7), random_starts(t + 1, 1, 0.0)
+    logits, _, _ = run_steps(agent, frames, starts)
+    for back, changes in ((lookback, True), (lookback + 1, False)):
+        other = frames.clone()
+        other[t - back] = 255 - other[t - back]
+        other_logits, _, _ = run_steps(agent, other, starts)
+        assert bool((other_logits[t] != logits[t]).any()) == changes, back
+
+
+def test_sample_action_matches_categorical():
+    """The Gumbel-max sampler: the log-probability of each sampled action is Categorical's, and the frequencies of
+    40k draws lie within 5 standard errors of its probabilities."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.0, 1.0, -2.0, 0.5, 0.0, 0.3]])
+    reference = torch.distributions.Categorical(logits=logits)
+    draws = 40_000
+    actions, logprobs = p.sample_action(logits.repeat(draws, 1))
+    torch.testing.assert_close(logprobs, reference.log_prob(actions.view(draws, 1)).flatten())
+    frequencies = torch.nn.functional.one_hot(actions, 6).double().mean(0)
+    probs = reference.probs[0].double()
+    assert ((frequencies - probs).abs() <= 5 * (probs * (1 - probs) / draws).sqrt()).all(), (frequencies, probs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training: it replays the rollout exactly; advantage normalisation stays finite
+
+
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
+    """With a learning rate of 0 the policy never changes, so every minibatch of every epoch must give back the
+    log-probabilities stored in the rollout (KL 0, no clipping). This fails if training sees other frames, another
+    memory at the rollout's start or other episode masks than the rollout did."""
+    original = p.layer_init
+    monkeypatch.setattr(p, "layer_init", lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0)))
+    args = p.Args(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 3, num_minibatches=2, learning_rate=0.0, progress=False)
+    args.exp_name = "replay"
+    p.main(args)
+    (run_dir,) = glob.glob("runs/*__replay__*")
+    scalars = read_scalars(run_dir)
+    assert len(scalars["losses/approx_kl"]) == 3
+    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
+        assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+
+
+@pytest.mark.filterwarnings("ignore:std\\(\\): degrees of freedom")
+def test_the_seeds_nan_cause_cannot_occur():
+    """The seed project normalised advantages over minibatches that ended at every episode end, so a minibatch could
+    hold a single sample, and torch's (unbiased) std of one sample is NaN: (a - mean) / (NaN + 1e-8) is NaN. Here
+    every minibatch is num_steps x (num_envs / num_minibatches) samples, and a minibatch of one sample is refused."""
+    one = torch.tensor([0.7])
+    assert torch.isnan((one - one.mean()) / (one.std() + 1e-8)).all()  # the cause, as it was
+    args = p.Args(num_envs=8, num_steps=1, num_minibatches=4)
+    assert args.minibatch_size == 2
+    with pytest.raises(SystemExit, match="--norm-adv"):
+        p.Args(num_envs=8, num_steps=1, num_minibatches=8)
+
+
+def test_a_run_stays_finite(in_tmp):
+    """Advantage normalisation on, smallest minibatches allowed (one env sequence of 2 steps), short episodes of
+    lives lost in Breakout: every loss of every iteration is finite."""
+    args = p.Args(env_id="BreakoutNoFrameskip-v4", num_envs=2, num_steps=2, num_minibatches=2, total_timesteps=2 * 2 * 60)
+    args.progress, args.exp_name = False, "finite"
+    p.main(args)
+    (run_dir,) = glob.glob("runs/*__finite__*")
+    scalars = read_scalars(run_dir)
+    assert len(scalars["losses/policy_loss"]) == 60
+    for tag in ITERATION_TAGS:
+        assert all(math.isfinite(v) for _, v in scalars[tag]), tag
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("extra", [[], ["--bf16", "--lookback", "0", "--n-layers", "1"]])
+def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
+    cwd = str(tmp_path)
+    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert ITERATION_TAGS <= set(read_scalars(run_dir))
+    path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["script"] == "ppo_transformer_pong" and checkpoint["global_step"] == 96
+    assert checkpoint["args"]["lookback"] == (0 if extra else 16)
+
+    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert run_dirs(cwd) == [run_dir]
+    assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
+
+    result = run_script(SCRIPT, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+def test_games_are_logged_and_videos_written(tmp_path):
+    cwd = str(tmp_path)
+    flags = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "2304", "--capture-video", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert EPISODE_TAGS <= set(scalars)
+    assert all(-21 <= v <= 21 for _, v in scalars["charts/episodic_return"])
+    assert len(glob.glob(os.path.join(cwd, "videos", "*", "*.mp4"))) == 1
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "NoSuchGame-v4"], ["--env-id=NoSuchGame-v4", "pprint_registry"]),
+        (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Box"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "--num-envs=8"]),
+        (["--n-heads", "3"], ["--n-heads=3", "--d-model=128"]),
+        (["--lookback", "-1"], ["--lookback=-1"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
+    assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
+    path = tmp_path / "other.pt"
+    torch.save({"script": "ppo_atari", "model": {}}, path)
+    assert_one_line_error(run_script(SCRIPT, flag, str(path), cwd=str(tmp_path)), flag, "ppo_atari")
