@@ -317,35 +317,32 @@ class TransformerLayer(nn.Module):
         self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): [h, d] for a key d steps back
 
     def forward(
-        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: (B, T, D) new tokens; k_cache, v_cache: (B, H, W, D/H) the W = lookback steps before them; visible: (B, T, W+T)
-        bool, which keys each new token may attend to; distance: (T, W+T) steps from each token back to each key.
-        Returns the new tokens' outputs (B, T, D) and all keys and values (B, H, W+T, D/H)."""
+        self, x: torch.Tensor, kv_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, D) new tokens; kv_cache: (2, B, H, W, D/H) keys and values of the W = lookback steps before them;
+        visible: (B, T, W+T) bool, which keys each new token may attend to; distance: (T, W+T) steps from each token
+        back to each key. Returns the new tokens' outputs (B, T, D) and all keys and values (2, B, H, W+T, D/H)."""
         B, T, D = x.shape
-        q, k, v = (
+        qkv = (
             self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        )  # (B, H, T, D/H) each
-        keys, values = (
-            torch.cat([k_cache.to(k.dtype), k], dim=2),
-            torch.cat([v_cache.to(v.dtype), v], dim=2),
-        )  # (B, H, W+T, D/H)
+        )  # (3, B, H, T, D/H)
+        kv = torch.cat([kv_cache.to(qkv.dtype), qkv[1:]], dim=3)  # (2, B, H, W+T, D/H): the one copy of the cache
         bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, W+T)
-        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(
-            q.dtype
-        )  # (B, H, T, W+T); every row sees its own step
-        attention = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, T, D/H)
+        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, W+T); a row sees its own step
+        attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)  # (B, H, T, D/H)
         x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
-        return x + self.mlp(self.norm2(x)), keys, values
+        return x + self.mlp(self.norm2(x)), kv
 
 
 class Agent(nn.Module):
     """A CNN token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over
     the last `lookback` tokens of the episode, a final LayerNorm, a policy head (std 0.01) and a value head (std 1).
+    As in any sliding-window transformer (Beltagy et al. 2020), a layer attends `lookback` steps back, so the output
+    of layer l can depend on up to l * lookback past frames of the episode.
 
-    The memory of the running episodes is `(kv, valid)`: kv (L, 2, B, H, W, D/H) holds every layer's keys and values
-    of the last W = lookback steps, oldest first; valid (B, W) says which of those W slots hold a step of the current
-    episode (the others are never attended to)."""
+    The memory of the running episodes is `(kv, valid)`: kv, a tuple of L tensors (2, B, H, W, D/H), holds every
+    layer's keys and values of the last W = lookback steps, oldest first; valid (B, W) says which of those W slots
+    hold a step of the current episode (the others are never attended to)."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -366,8 +363,9 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback, self.d_model // self.n_heads)
-        return torch.zeros(shape, device=device), torch.zeros((num_envs, self.lookback), dtype=torch.bool, device=device)
+        shape = (2, num_envs, self.n_heads, self.lookback, self.d_model // self.n_heads)
+        kv = tuple(torch.zeros(shape, device=device) for _ in self.layers)
+        return kv, torch.zeros((num_envs, self.lookback), dtype=torch.bool, device=device)
 
     def encode(self, frames: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
         """frames: (N, 1, 84, 84) uint8 -> tokens (N, D)."""
@@ -380,12 +378,12 @@ class Agent(nn.Module):
     def step(
         self,
         frames: torch.Tensor,
-        kv: torch.Tensor,
+        kv: tuple[torch.Tensor, ...],
         valid: torch.Tensor,
         episode_starts: torch.Tensor,
         memory_format: torch.memory_format,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: (L, 2, B, H, W, D/H); valid: (B, W);
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: L x (2, B, H, W, D/H); valid: (B, W);
         episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid) for the next step.
 
             slots     t-W ... t-2 t-1 | t       the new step attends to the W cached slots and to itself,
@@ -395,16 +393,16 @@ class Agent(nn.Module):
         visible = torch.cat([valid, valid.new_ones(valid.shape[0], 1)], dim=1).unsqueeze(1)  # (B, 1, W+1)
         distance = torch.arange(self.lookback, -1, -1, device=frames.device).unsqueeze(0)  # (1, W+1)
         new_kv = []
-        for layer, (k_cache, v_cache) in zip(self.layers, kv):
-            x, keys, values = layer(x, k_cache, v_cache, visible, distance)
-            new_kv.append(torch.stack([keys[:, :, 1:], values[:, :, 1:]]).float())  # drop the oldest slot
+        for layer, kv_cache in zip(self.layers, kv):
+            x, layer_kv = layer(x, kv_cache, visible, distance)
+            new_kv.append(layer_kv[:, :, :, 1:])  # (2, B, H, W, D/H): the oldest slot dropped, a view (no copy)
         logits, value = self.heads(x.squeeze(1))
-        return logits, value, torch.stack(new_kv), visible[:, 0, 1:]
+        return logits, value, tuple(new_kv), visible[:, 0, 1:]
 
     def sequence(
         self,
         frames: torch.Tensor,
-        kv: torch.Tensor,
+        kv: tuple[torch.Tensor, ...],
         valid: torch.Tensor,
         episode_starts: torch.Tensor,
         memory_format: torch.memory_format,
@@ -427,8 +425,8 @@ class Agent(nn.Module):
         distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t sits at position W+t
         band = (distance >= 0) & (distance <= W)  # (T, W+T): causal, at most lookback steps back
         visible = band & (key_ids.unsqueeze(1) == ids.unsqueeze(2))  # (B, T, W+T): and the same episode
-        for layer, (k_cache, v_cache) in zip(self.layers, kv):
-            x, _, _ = layer(x, k_cache, v_cache, visible, distance)
+        for layer, kv_cache in zip(self.layers, kv):
+            x, _ = layer(x, kv_cache, visible, distance)
         logits, values = self.heads(x)  # (B, T, A), (B, T)
         return logits.transpose(0, 1), values.T
 
@@ -651,7 +649,7 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    kv, valid = agent.initial_memory(args.num_envs, device)  # (L, 2, num_envs, H, W, D/H), (num_envs, W): the KV cache
+    kv, valid = agent.initial_memory(args.num_envs, device)  # L x (2, num_envs, H, W, D/H), (num_envs, W): the KV cache
     video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
 
     # TRY NOT TO MODIFY: start the game
@@ -680,7 +678,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout, the transformer run step by step with its per-env key/value cache
-            initial_kv, initial_valid = kv.clone(), valid.clone()  # training restarts every sequence from here
+            initial_kv, initial_valid = tuple(c.clone() for c in kv), valid.clone()  # training restarts sequences here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -750,7 +748,7 @@ def main(args: Args) -> None:
                     with autocast:
                         new_logits, newvalue = agent_sequence(
                             obs[:, mb_envs],
-                            initial_kv[:, :, mb_envs],
+                            tuple(c[:, mb_envs] for c in initial_kv),
                             initial_valid[mb_envs],
                             episode_starts[:, mb_envs],
                             memory_format,

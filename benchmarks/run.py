@@ -84,6 +84,12 @@ PRESETS: dict[str, dict] = {
         seeds=[1, 2, 3],
         report=dict(name="continuous_mujoco", threshold=None, title="Tanh-Gaussian PPO on MuJoCo, 1M steps"),
     ),
+    "transformer-pong": dict(
+        configs=[Config("transformer_l16", ["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4"])],
+        extra=["--total-timesteps", "1000000"],
+        seeds=[1],
+        report=dict(name="transformer_pong", threshold=None, title="Transformer PPO on PongNoFrameskip-v4 (CPU), 1M steps"),
+    ),
 }
 
 

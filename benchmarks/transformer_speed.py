@@ -73,10 +73,10 @@ def window_masks(lookback: int, device: torch.device) -> tuple[torch.Tensor, tor
 def transformer_over_windows(agent, tokens: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
     """tokens: (N, W+1, D) -> the last token's features (N, D), every layer run over the window, with no cache."""
     n, _, d = tokens.shape
-    empty = tokens.new_zeros(n, agent.n_heads, 0, d // agent.n_heads)
+    empty = tokens.new_zeros(2, n, agent.n_heads, 0, d // agent.n_heads)
     x = tokens
     for layer in agent.layers:
-        x, _, _ = layer(x, empty, empty, visible, distance)
+        x, _ = layer(x, empty, visible, distance)
     return x[:, -1]
 
 
