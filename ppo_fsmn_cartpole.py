@@ -354,7 +354,7 @@ def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
     logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
     `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
-    gumbel = -torch.empty_like(logits).exponential_().log()
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 

@@ -344,7 +344,9 @@ class Agent(nn.Module):
 
     The memory of the running episodes is `(kv, valid)`: kv, a tuple of L tensors (2, B, H, W, D/H), holds every
     layer's keys and values of the last W = lookback steps, oldest first; valid (B, W) says which of those W slots
-    hold a step of the current episode (the others are never attended to)."""
+    hold a step of the current episode (the others are never attended to). Training starts every sequence from the
+    memory saved at the rollout's start, computed by the weights of that time and not trained through (as a recurrent
+    PPO's initial hidden state), so the first epoch's ratio is exactly 1."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -437,7 +439,7 @@ def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
     logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
     `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
-    gumbel = -torch.empty_like(logits).exponential_().log()
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
