@@ -5,6 +5,7 @@ import glob
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, import_script, read_scalars, run_dirs, run_script
@@ -179,6 +180,51 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     assert len(scalars["losses/approx_kl"]) == 3
     for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
         assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+
+
+def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
+    """Games cut at a small frame limit: the value stored for a truncated step must be the value of the game's final
+    observation seen after the game's own frames, as a plain one-pass sequence over those frames computes it."""
+    original_settings = p.atari_settings
+    monkeypatch.setattr(p, "atari_settings", lambda env_id: {**original_settings(env_id), "max_num_frames_per_episode": 200})
+    seen, captured = [], []  # every env step's (observations the agent saw next, final observations); GAE's inputs
+    original_step, original_reset = p.RecordGameStatistics.step, p.RecordGameStatistics.reset
+
+    def reset(self, **kwargs):
+        obs, info = original_reset(self, **kwargs)
+        seen.append((obs.copy(), None, np.zeros(self.num_envs, dtype=bool)))
+        return obs, info
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, info = original_step(self, actions)
+        seen.append((obs.copy(), info["final_obs"].copy() if truncations.any() else None, terminations | truncations))
+        return obs, rewards, terminations, truncations, info
+
+    original_gae = p.compute_gae
+
+    def spy(rewards, values, terminations, truncations, final_values, *args):
+        captured.append((truncations.clone(), final_values.clone()))
+        return original_gae(rewards, values, terminations, truncations, final_values, *args)
+
+    monkeypatch.setattr(p.RecordGameStatistics, "reset", reset)
+    monkeypatch.setattr(p.RecordGameStatistics, "step", step)
+    monkeypatch.setattr(p, "compute_gae", spy)
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 2, num_minibatches=2, learning_rate=0.0, progress=False)
+    args.save_model = True
+    p.main(args)
+    agent, _ = p.build_agent_from_checkpoint(torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True), "cpu")
+    truncations = torch.cat([t for t, _ in captured])  # (steps, envs)
+    final_values = torch.cat([v for _, v in captured])
+    assert truncations.sum() >= 2
+    for t, b in truncations.nonzero().tolist():
+        start = max(i for i in range(t + 1) if i == 0 or seen[i][2][b])  # seen[i][0] is what the agent saw at step i
+        frames = [seen[i][0][b] for i in range(start, t + 1)] + [seen[t + 1][1][b]]  # the game's frames, then the final one
+        frames = torch.as_tensor(np.stack(frames)).unsqueeze(1)  # (n, 1, 1, 84, 84)
+        starts = torch.zeros(len(frames), 1, dtype=torch.bool)
+        starts[0] = True
+        with torch.no_grad():
+            _, values = agent.sequence(frames, *agent.initial_memory(1, torch.device("cpu")), starts, torch.channels_last)
+        torch.testing.assert_close(final_values[t, b], values[-1, 0], rtol=0, atol=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore:std\\(\\)")
