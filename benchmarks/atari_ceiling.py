@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import tyro
-from report import RESULTS, machine
+from report import machine, write_result
 from sps import run
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,11 +146,7 @@ def main(args: Args) -> None:
         f"Rollout storage of the frames: {storage / 2**20:.1f} MiB as uint8 ({4 * storage / 2**20:.1f} MiB as float32).",
         "",
     ]
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "atari_ceiling.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    print(path)
+    print(write_result("atari_ceiling", lines))
 
 
 if __name__ == "__main__":

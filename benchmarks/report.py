@@ -123,6 +123,15 @@ def summarize(runs: list[Run], threshold: float | None, window: int) -> dict:
     }
 
 
+def write_result(name: str, lines: list[str]) -> str:
+    """Write a benchmark's Markdown lines to benchmarks/results/<name>.md and return the path."""
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{name}.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
 def machine() -> str:
     """The CPU's model name (or the GPU's), core count and torch version of the machine writing the report."""
     cpu = platform.machine()

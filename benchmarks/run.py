@@ -20,8 +20,8 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        `--configs atari_fp32` for one of them. On a GPU: not measured yet.
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 12 minutes (about 80 s a run alone).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: about 60-80 minutes.
-  transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 70 minutes
-                       (238 steps/s, sharing the CPU with test runs part of the time).
+  transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
+                       (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
 at 1467 vs 1400 and 1847 vs 2535 steps/s on its 16 CPU cores), so expect those presets' CPU times; atari-pong is
 the one preset a GPU shortens, not measured yet.

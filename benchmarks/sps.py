@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tyro
-from report import RESULTS, machine
+from report import machine, write_result
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,10 +135,7 @@ def main(args: Args) -> None:
         f"Peak resident memory (MiB, largest over repeats): script {max(script_mem):.0f}, peer {max(peer_mem):.0f}.",
         "",
     ]
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"sps_{args.pair.replace('-', '_')}.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    path = write_result(f"sps_{args.pair.replace('-', '_')}", lines)
     print("\n".join(lines[-4:]))
     print(path)
 

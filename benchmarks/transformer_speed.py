@@ -7,8 +7,8 @@
   - recompute window: the seed project's way: the new frame's token, then every layer over the window of the last
     lookback + 1 tokens (the tokens of past frames kept, so the CNN does not run again), no cache;
   - re-encode window: as recompute window, but the window's frames go through the CNN again at every step.
-  Only the last matches the cached step exactly for n_layers > 1 (the others' receptive field is one window; the
-  cached one's is n_layers windows); they are baselines of less work, so the ratios are conservative.
+  With one layer all three compute the same outputs. With n_layers > 1 the two baselines compute less: their
+  receptive field is one window, the cached step's is n_layers windows; so the ratios are conservative.
 - One update (one minibatch of 2 env sequences x 128 steps = 256 samples: forward, PPO loss, backward, Adam), at
   lookback 16 and 64:
   - windowed one pass: the script's `Agent.sequence`: 128 new tokens per env, band-and-episode-masked attention over
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import tyro
-from report import RESULTS, machine
+from report import machine, write_result
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_transformer_pong as p  # noqa: E402  (the script under test, imported as a module: it starts nothing)
@@ -211,11 +211,7 @@ def main(args: Args) -> None:
         lines.append(row)
         print(row, flush=True)
     lines.append("")
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "transformer_speed.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    print(path)
+    print(write_result("transformer_speed", lines))
 
 
 if __name__ == "__main__":
