@@ -19,6 +19,7 @@ Measured on 2 CPU cores (AMD EPYC, AVX2): 1.52x the steps/s of SB3's PPO CnnPoli
 """
 
 import copy
+import functools
 import os
 import random
 import signal
@@ -118,6 +119,8 @@ class Args:
     """run the forward passes under bfloat16 autocast (weights, losses and optimizer stay float32)"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    cudagraphs: bool = False
+    """replay the rollout step and the minibatch update as captured CUDA graphs (CUDA only; combines with --compile)"""
     env_threads: int = 0
     """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
 
@@ -332,6 +335,118 @@ def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
     return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
 
 
+def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
+    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
+    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def rollout_step(
+    policy: nn.Module, memory_format: torch.memory_format, autocast: torch.autocast, obs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One rollout step's inference: obs (B, 4, 84, 84) uint8 -> sampled actions, their log-probabilities, values."""
+    with autocast:
+        logits, value = policy(obs, memory_format)
+    return *sample_action(logits), value
+
+
+def update_minibatch(
+    policy: nn.Module,
+    agent: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    memory_format: torch.memory_format,
+    autocast: torch.autocast,
+    mb_obs: torch.Tensor,
+    mb_actions: torch.Tensor,
+    mb_logprobs: torch.Tensor,
+    mb_advantages: torch.Tensor,
+    mb_returns: torch.Tensor,
+    mb_values: torch.Tensor,
+) -> torch.Tensor:
+    """One PPO step on one minibatch: forward, clipped losses, backward, gradient clipping, optimizer step. Returns
+    (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip fraction), without a host sync."""
+    with autocast:
+        new_logits, newvalue = policy(mb_obs, memory_format)
+    probs = Categorical(logits=new_logits, validate_args=False)
+    newlogprob, entropy = probs.log_prob(mb_actions), probs.entropy()
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+
+
+def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
+    """Capture `fn(*inputs)` once as a CUDA graph (--cudagraphs) and return a function with fn's signature that
+    copies its arguments into the captured inputs and replays the graph: one launch instead of one per kernel. Its
+    outputs are the captured tensors, overwritten by the next call. Capturing needs a few warm-up calls first; when
+    `fn` is an update, pass its agent and optimizer so that the weights and the optimizer's state are put back as
+    they were before them (a fresh optimizer's state is zeros, its step 0)."""
+    inputs = [x.clone() for x in example_inputs]
+    weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
+    state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn(*inputs)
+    with torch.no_grad():
+        for p, w in zip(agent.parameters() if agent is not None else [], weights):
+            p.copy_(w)
+        for p, s in optimizer.state.items() if optimizer else []:
+            for k, v in s.items():
+                if p in state:
+                    v.copy_(state[p][k])
+                else:
+                    v.zero_()
+
+    def replay(*args: torch.Tensor):
+        for buffer, x in zip(inputs, args):
+            buffer.copy_(x)
+        graph.replay()
+        return outputs
+
+    return replay
+
+
 # TRY NOT TO MODIFY: checkpoint helpers
 def save_checkpoint(path: str, checkpoint: dict) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
@@ -431,6 +546,8 @@ def main(args: Args) -> None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
+    if args.cudagraphs and device.type != "cuda":
+        raise SystemExit("error: --cudagraphs needs a CUDA device (none is available here, or --no-cuda was given)")
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -469,7 +586,8 @@ def main(args: Args) -> None:
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     agent = agent.to(memory_format=memory_format)
     policy = torch.compile(agent) if args.compile else agent  # the same parameters; `agent` is what gets saved
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    # no cache of cast weights: each forward casts each weight once anyway, and a cache cannot live in a CUDA graph
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False)
     if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
         print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -490,6 +608,9 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
             )
+    # a captured optimizer step (--cudagraphs) reads its learning rate from a tensor on the GPU, set in place
+    lr = float(optimizer.param_groups[0]["lr"])
+    optimizer.param_groups[0].update(lr=torch.tensor(lr, device=device) if args.cudagraphs else lr, capturable=args.cudagraphs)
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
@@ -501,6 +622,15 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+
+    # ALGO LOGIC: the rollout step and the minibatch update, run as they are or replayed as CUDA graphs
+    policy_step = functools.partial(rollout_step, policy, memory_format, autocast)
+    update = functools.partial(update_minibatch, policy, agent, optimizer, args, memory_format, autocast)
+    if args.cudagraphs:  # captured on example inputs of the right shapes; the update's warm-up steps are undone
+        policy_step = cuda_graph(policy_step, obs[0])
+        mb = slice(0, args.minibatch_size)
+        example = (obs.flatten(0, 1)[mb], actions.flatten()[mb], *[torch.zeros(args.minibatch_size, device=device)] * 4)
+        update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
@@ -524,7 +654,10 @@ def main(args: Args) -> None:
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                if args.cudagraphs:
+                    optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)  # the tensor the graph reads
+                else:
+                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
             final_values.zero_()
@@ -534,13 +667,10 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                with torch.no_grad(), autocast:
-                    logits, value = policy(next_obs, memory_format)
-                probs = Categorical(logits=logits, validate_args=False)
-                action = probs.sample()
+                action, logprob, value = policy_step(next_obs)
                 values[step] = value
                 actions[step] = action
-                logprobs[step] = probs.log_prob(action)
+                logprobs[step] = logprob
 
                 next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
                 rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
@@ -589,72 +719,34 @@ def main(args: Args) -> None:
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
             b_inds = np.arange(args.batch_size)
-            clipfracs, stats = [], []
+            stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    with autocast:
-                        new_logits, newvalue = policy(b_obs[mb_inds], memory_format)
-                    probs = Categorical(logits=new_logits, validate_args=False)
-                    newlogprob, entropy = probs.log_prob(b_actions[mb_inds]), probs.entropy()
-                    mb_logprobs, mb_advantages = b_logprobs[mb_inds], b_advantages[mb_inds]
-                    mb_returns, mb_values = b_returns[mb_inds], b_values[mb_inds]
-                    logratio = newlogprob - mb_logprobs
-                    ratio = logratio.exp()
+                    minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    stats.append(update(*(x[mb_inds] for x in minibatch)).clone())  # a graph overwrites its outputs
 
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss]).detach())
-
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
                 raise SystemExit(
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
             writer.add_scalar("losses/policy_loss", pg_loss, global_step)
             writer.add_scalar("losses/entropy", entropy_loss, global_step)
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
             writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:

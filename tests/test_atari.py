@@ -175,6 +175,7 @@ def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
         (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "not an Atari game"]),
         (["--num-minibatches", "3"], ["--num-minibatches=3", "num_envs * num_steps = 1024"]),
         (["--num-envs", "0"], ["--num-envs=0"]),
+        (["--cudagraphs", "--no-cuda"], ["--cudagraphs", "CUDA device"]),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):

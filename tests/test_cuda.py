@@ -1,14 +1,17 @@
 """The CUDA path of every script: skipped on machines without a GPU (CI has none); run where one is lent."""
 
+import copy
+import functools
 import glob
 
 import pytest
 import torch
-from conftest import import_script
+from conftest import import_script, read_scalars, run_dirs, run_script
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 p = import_script("ppo_fsmn_cartpole")
 transformer = import_script("ppo_transformer_pong")
+atari = import_script("ppo_atari")
 
 
 def test_fsmn_cached_steps_equal_one_pass_on_cuda():
@@ -48,7 +51,10 @@ def test_fsmn_trains_on_cuda_and_checkpoints_load_on_cpu(in_tmp, monkeypatch):
     assert len(returns) == 2
 
 
-def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda():
+def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda(monkeypatch):
+    """In full float32: TF32 convolutions (cuDNN's default) round differently for 3 frames than for 90."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     device = torch.device("cuda")
     agent = transformer.Agent(6, transformer.Args(lookback=8, n_layers=2, n_heads=4, d_model=32)).to(device)
@@ -63,5 +69,84 @@ def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda():
             logit, value, *memory = agent.step(frames[t], *memory, starts[t], torch.contiguous_format)
             logits.append(logit), values.append(value)
         seq_logits, seq_values = agent.sequence(frames, *agent.initial_memory(3, device), starts, torch.contiguous_format)
-    torch.testing.assert_close(seq_logits, torch.stack(logits), rtol=0, atol=1e-4)
-    torch.testing.assert_close(seq_values, torch.stack(values), rtol=0, atol=1e-4)
+    torch.testing.assert_close(seq_logits, torch.stack(logits), rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_values, torch.stack(values), rtol=0, atol=1e-5)
+
+
+def atari_minibatch(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    frames = torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, device=device)
+    actions = torch.randint(0, 6, (n,), device=device)
+    return frames, actions, -2 * torch.rand(n, device=device), *torch.randn(3, n, device=device)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_atari_cudagraphs_replay_the_eager_update(bf16):
+    """The captured update is the eager update: same losses, weights and Adam state after several minibatches and a
+    learning-rate change; the capture's warm-up steps leave no trace."""
+    torch.manual_seed(0)
+    torch.backends.cudnn.deterministic = True
+    device, fmt, args = torch.device("cuda"), torch.channels_last, atari.Args()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)  # as the script's
+    eager_agent = atari.Agent(6).to(device, memory_format=fmt)
+    graph_agent = copy.deepcopy(eager_agent)
+    eager_opt = torch.optim.Adam(eager_agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    lr = torch.tensor(args.learning_rate, device=device)
+    graph_opt = torch.optim.Adam(graph_agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=True)
+    minibatches = [atari_minibatch(64, device) for _ in range(4)]
+    eager = functools.partial(atari.update_minibatch, eager_agent, eager_agent, eager_opt, args, fmt, autocast)
+    graph = functools.partial(atari.update_minibatch, graph_agent, graph_agent, graph_opt, args, fmt, autocast)
+    graph = atari.cuda_graph(graph, *atari_minibatch(64, device), agent=graph_agent, optimizer=graph_opt)
+    for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)  # the warm-up steps were undone
+    assert all(float(v.abs().max()) == 0 for s in graph_opt.state.values() for v in s.values())
+    for i, minibatch in enumerate(minibatches):
+        if i == 2:  # annealing: a float for the eager optimizer, the captured tensor set in place for the graph
+            eager_opt.param_groups[0]["lr"] = args.learning_rate / 2
+            graph_opt.param_groups[0]["lr"].fill_(args.learning_rate / 2)
+        torch.testing.assert_close(graph(*minibatch).clone(), eager(*minibatch), rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(graph_opt.state[b]["exp_avg_sq"], eager_opt.state[a]["exp_avg_sq"], rtol=1e-3, atol=1e-10)
+    assert float(graph_opt.state[next(graph_agent.parameters())]["step"]) == 4
+
+
+def test_atari_cudagraphs_rollout_step_is_the_policy():
+    """The captured rollout step: values and log-probabilities of the network's own outputs, actions from its
+    softmax (fresh noise at every replay)."""
+    torch.manual_seed(0)
+    device, fmt = torch.device("cuda"), torch.channels_last
+    agent = atari.Agent(6).to(device, memory_format=fmt)
+    with torch.no_grad():
+        agent.actor.weight.mul_(300)  # far from uniform
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=False, cache_enabled=False)
+    frames = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8, device=device)
+    step = atari.cuda_graph(functools.partial(atari.rollout_step, agent, fmt, autocast), torch.zeros_like(frames))
+    with torch.no_grad():
+        logits, values = agent(frames, fmt)
+    counts = torch.zeros_like(logits)
+    for _ in range(2000):
+        action, logprob, value = step(frames)
+        torch.testing.assert_close(value, values, rtol=1e-5, atol=1e-5)
+        expected = torch.log_softmax(logits, -1).gather(-1, action[:, None]).squeeze(-1)
+        torch.testing.assert_close(logprob, expected, rtol=1e-5, atol=1e-5)
+        counts[torch.arange(8), action] += 1
+    torch.testing.assert_close(counts / 2000, torch.softmax(logits, -1), rtol=0, atol=0.05)
+
+
+def test_atari_cudagraphs_trains_resumes_and_evaluates(tmp_path):
+    cwd = str(tmp_path)
+    flags = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+    flags += ["--cudagraphs", "--save-model", "--save-interval", "2"]
+    result = run_script("ppo_atari.py", *flags, "--total-timesteps", "512", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    learning_rates = [v for _, v in scalars["charts/learning_rate"]]
+    assert learning_rates[0] > learning_rates[-1]  # annealed through the captured tensor
+    assert all(torch.isfinite(torch.tensor([v for _, v in scalars["losses/value_loss"]])))
+    checkpoint = f"{run_dir}/checkpoint.pt"
+    result = run_script("ppo_atari.py", *flags, "--total-timesteps", "768", "--resume", checkpoint, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 768
+    result = run_script("ppo_atari.py", "--eval-checkpoint", checkpoint, "--eval-episodes", "1", "--no-cuda", cwd=cwd)
+    assert result.returncode == 0 and "eval: 1 episodes" in result.stdout, result.stderr
