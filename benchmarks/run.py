@@ -23,8 +23,9 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
-at 1467 vs 1400 and 1847 vs 2535 steps/s on its 16 CPU cores), so expect those presets' CPU times; atari-pong is
-the one preset a GPU shortens, not measured yet.
+at 1467 vs 1400 and 1847 vs 2535 steps/s on its 16 CPU cores), so expect those presets' CPU times. The Atari
+presets are the ones a GPU shortens: ppo_atari.py ran at about 3700 steps/s eager and 6000 with --cudagraphs on an
+H100 (benchmarks/results/sps_atari_pong_gpu.md), so 10M steps of Pong take about 30 minutes there.
 """
 
 import os
