@@ -16,8 +16,10 @@ evaluation plays the rescaled tanh(mean).
 Observations are normalised by their running mean and std (clipped) and rewards scaled by the running std of
 the discounted return, as CleanRL's ppo_continuous_action.py does with gymnasium wrappers; here the statistics are
 buffers of the agent, so they are saved in checkpoints, restored on --resume and frozen in evaluation (a reloaded
-agent sees what it saw in training). Pendulum is only ever truncated (200 steps): truncated steps bootstrap from
-the value of their final observation, normalised with the same statistics; terminated steps do not.
+agent sees what it saw in training). Both stay frozen for a whole rollout and take in its observations and
+returns after it, so the rollout loop does no statistics work and training replays every observation exactly as
+the policy saw it. Pendulum is only ever truncated (200 steps): truncated steps bootstrap from the value of their
+final observation, normalised with the same statistics; terminated steps do not.
 
     python ppo_continuous.py                          # Pendulum-v1, defaults tuned to learn it in 200k steps
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-envs 1 --num-steps 2048 \
@@ -304,21 +306,18 @@ class Agent(nn.Module):
         entropy = squashed_entropy(mean, log_std, self.action_low, self.action_high, torch.randn_like(mean))
         return u, logprob, entropy, self.get_value(x)
 
+    def sample_action_and_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rollout's call: a pre-squash sample u (B, A), its exact log-prob (B,) and the value (B,), without the
+        entropy estimate that only the update needs."""
+        mean, log_std = self.actor_params(x)
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        return u, squashed_log_prob(u, mean, log_std, self.action_low, self.action_high), self.get_value(x)
+
     def act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """Env actions (B, A): the rescaled tanh(mean), or a rescaled tanh of a sample."""
         mean, log_std = self.actor_params(x)
         u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
         return squash_action(u, self.action_low, self.action_high)
-
-
-def observe(agent: Agent, raw_obs: np.ndarray, update: bool, device: torch.device) -> torch.Tensor:
-    """Raw env observations (num_envs, obs_dim) -> what the policy sees and the rollout stores: normalised by the
-    running statistics, updated first with this batch in training. Stored normalised, a sample is replayed in
-    training exactly as it was seen, whatever the statistics became later."""
-    raw = torch.as_tensor(raw_obs, dtype=torch.float32, device=device)
-    if update:
-        agent.obs_norm.update(raw)
-    return agent.obs_norm(raw)
 
 
 # ALGO LOGIC: the tanh-squashed Gaussian, as pure functions (u, mean, log_std: (..., A); low, high: (A,))
@@ -551,22 +550,21 @@ def main(args: Args) -> None:
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
             )
 
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...) on the device
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)  # pre-squash samples u, not env actions
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    terminations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    truncations = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)  # raw rewards
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    discounted_returns = torch.zeros(args.num_envs, device=device)  # for reward scaling
+    discounted_returns = np.zeros(args.num_envs)  # the running episodes' discounted returns, for reward scaling
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = observe(agent, next_obs, args.norm_obs, device)
-    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
@@ -588,32 +586,22 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout; the buffer keeps the pre-squash sample u, the env gets the squashed action
+            final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
                     raise KeyboardInterrupt
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                    action, logprob, value = agent.sample_action_and_value(agent.obs_norm(next_obs))
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
 
                 env_action = squash_action(action, agent.action_low, agent.action_high)  # (num_envs, A), in bounds
                 next_obs_np, reward, termination, truncation, infos = envs.step(env_action.cpu().numpy())
-                reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
-                if args.norm_reward:
-                    # scale by the running std of the discounted return, not of the reward (Engstrom et al. 2020,
-                    # arXiv 2005.12729; gymnasium's NormalizeReward); the return restarts with every episode
-                    discounted_returns = discounted_returns * args.gamma + reward
-                    agent.return_norm.update(discounted_returns.unsqueeze(-1))  # (num_envs, 1)
-                    reward_std = torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon)  # (1,)
-                    reward = (reward / reward_std).clamp(-args.reward_clip, args.reward_clip)
-                rewards[step] = reward
-                terminations[step] = torch.as_tensor(termination, device=device)
-                truncations[step] = torch.as_tensor(truncation, device=device)
-                final_values[step] = 0.0
+                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
                 if truncation.any():
                     # bootstrap a truncated episode from its final observation, normalised with the same statistics
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
@@ -621,10 +609,8 @@ def main(args: Args) -> None:
                         final_value = agent.get_value(
                             agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
                         )
-                    final_values[step] = final_value * truncations[step]
-                next_obs = observe(agent, next_obs_np, args.norm_obs, device)
-                next_done = terminations[step] | truncations[step]
-                discounted_returns = discounted_returns * ~next_done
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
                 # TRY NOT TO MODIFY: episode statistics
                 if "episode" in infos:
@@ -633,15 +619,33 @@ def main(args: Args) -> None:
                         writer.add_scalar("charts/episodic_length", length, global_step)
                         recent_returns = (recent_returns + [float(r)])[-20:]
 
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom et al.
+            # 2020, arXiv 2005.12729; gymnasium's NormalizeReward); the return restarts with every episode. The
+            # statistics take in the whole rollout's returns, then scale its rewards.
+            rewards = torch.as_tensor(rewards_np, device=device)
+            if args.norm_reward:
+                rollout_returns = np.zeros_like(rewards_np)
+                for t in range(args.num_steps):
+                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
+                    rollout_returns[t] = discounted_returns
+                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
+                reward_std = torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon)  # (1,)
+                rewards = (rewards / reward_std).clamp(-args.reward_clip, args.reward_clip)
+
             # ALGO LOGIC: bootstrap value and advantages
+            terminations, truncations = (torch.as_tensor(x, device=device) for x in (terminations_np, truncations_np))
             with torch.no_grad():
-                next_value = agent.get_value(next_obs)
+                next_value = agent.get_value(agent.obs_norm(next_obs))
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
+                seen_obs = agent.obs_norm(obs)  # (T, B, obs_dim): exactly what the policy saw, the statistics were frozen
+            if args.norm_obs:
+                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # flatten the batch
-            b_obs = obs.reshape((-1, obs_dim))  # (T * B, obs_dim)
+            b_obs = seen_obs.reshape((-1, obs_dim))  # (T * B, obs_dim), normalised as the policy saw them
             b_actions = actions.reshape((-1, act_dim))  # (T * B, A), pre-squash u
             b_logprobs, b_advantages = logprobs.reshape(-1), advantages.reshape(-1)  # (T * B,)
             b_returns, b_values = returns.reshape(-1), values.reshape(-1)  # (T * B,)

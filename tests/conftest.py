@@ -82,3 +82,22 @@ def in_tmp(tmp_path, monkeypatch):
     """Run in an empty directory, so runs/, videos/ and wandb/ land in the test's own folder."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def assert_training_replays_the_rollout(script, monkeypatch, **args) -> None:
+    """Run `script.main` for 3 iterations at a learning rate of 0: the policy never changes, so every minibatch of
+    every epoch must give back the log-probabilities stored in the rollout (KL 0, no clipping). This fails if
+    training sees other inputs (normalisation, memory, episode masks) or computes log-probabilities differently from
+    the rollout. Heads start with unit-scale weights (not 0.01), so that a wrong input shows in their outputs."""
+    original = script.layer_init
+    unit_scale = lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0), bias_const)  # noqa: E731
+    monkeypatch.setattr(script, "layer_init", unit_scale)
+    total_timesteps = 3 * args["num_envs"] * args["num_steps"]  # 3 iterations
+    run_args = script.Args(**args, total_timesteps=total_timesteps, learning_rate=0.0, progress=False)
+    run_args.exp_name = "replay"
+    script.main(run_args)
+    (run_dir,) = glob.glob("runs/*__replay__*")
+    scalars = read_scalars(run_dir)
+    assert len(scalars["losses/approx_kl"]) == 3
+    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
+        assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])

@@ -13,6 +13,7 @@ from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
     assert_one_line_error,
+    assert_training_replays_the_rollout,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -188,8 +189,8 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     checkpoint = torch.load(path, weights_only=True)
     saved = stats_of(checkpoint["model"])
     assert set(saved) == {f"{m}.{b}" for m in ("obs_norm", "return_norm") for b in ("mean", "var", "count")}
-    # every observation the rollouts saw (the first reset, then one per step) went into the statistics
-    assert float(saved["obs_norm.count"]) == pytest.approx(1e-4 + 2 * (1 + 64 * 3))
+    # every observation the rollouts saw went into the statistics, once each, after its rollout
+    assert float(saved["obs_norm.count"]) == pytest.approx(1e-4 + 2 * 64 * 3)
     assert float(saved["return_norm.count"]) == pytest.approx(1e-4 + 2 * 64 * 3)
     assert (saved["obs_norm.var"] != 1).all() and (saved["obs_norm.mean"] != 0).all()
 
@@ -213,13 +214,35 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     args.save_model, args.resume = True, path
     p.main(args)
     resumed = stats_of(torch.load(path, weights_only=True)["model"])
-    assert float(resumed["obs_norm.count"]) == pytest.approx(float(saved["obs_norm.count"]) + 2 * (1 + 64 * 2))
+    assert float(resumed["obs_norm.count"]) == pytest.approx(float(saved["obs_norm.count"]) + 2 * 64 * 2)
 
 
 def test_no_norm_obs_leaves_observations_raw():
     plain = p.Agent(3, gym.spaces.Box(-1, 1, (1,)), p.Args(norm_obs=False))
-    raw = np.array([[100.0, -3.0, 0.5]])
-    torch.testing.assert_close(p.observe(plain, raw, False, torch.device("cpu")), torch.tensor(raw, dtype=torch.float32))
+    raw = torch.tensor([[100.0, -3.0, 0.5]])
+    torch.testing.assert_close(plain.obs_norm(raw), raw)
+
+
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
+    """Training sees the observations normalised by the statistics the rollout used (frozen for its length, updated
+    after it): at a learning rate of 0, KL 0 in every minibatch."""
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
+
+
+def test_the_rollout_sample_is_the_update_distribution():
+    """sample_action_and_value (the rollout's call) draws u from the same Gaussian and gives the same log-prob and
+    value as get_action_and_value (the update's) for that u."""
+    agent = p.Agent(3, gym.spaces.Box(-2.0, 2.0, (2,)), p.Args())
+    with torch.no_grad():
+        agent.actor_mean.weight.normal_()
+    x = torch.randn(5, 3)
+    torch.manual_seed(0)
+    u, logprob, value = agent.sample_action_and_value(x)
+    torch.manual_seed(0)
+    u_ref, logprob_ref, _, value_ref = agent.get_action_and_value(x)
+    torch.testing.assert_close(u, u_ref, rtol=0, atol=0)
+    torch.testing.assert_close(logprob, logprob_ref, rtol=0, atol=0)
+    torch.testing.assert_close(value, value_ref, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -246,7 +269,7 @@ def test_gae_matches_a_plain_loop(seed):
 
 def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, monkeypatch):
     """Inside the script's loop, on a Pendulum truncated every 12 steps: final values are filled exactly at the
-    truncated steps, each the critic's value of the raw final observation normalised with the current statistics."""
+    truncated steps, each the critic's value of the raw final observation normalised with the statistics in use."""
     gym.register("PendulumShort-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=12)
     seen, normalized, valued = [], [], []
     original_gae, original_norm, original_value = p.compute_gae, p.RunningNorm.forward, p.Agent.get_value
@@ -274,12 +297,16 @@ def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, mon
     assert truncations.sum() == 3 * (60 // 12) and not terminations.any()
     assert (final_values[~truncations] == 0).all() and (final_values[truncations] != 0).all()
 
+    nontrivial = []
     for expected_values in final_values[truncations].view(-1, 3):  # all three envs are truncated at the same steps
         (critic_input,) = [x for x, v in valued if v.shape == (3,) and torch.equal(v, expected_values)]
         (raw, mean, var) = [(x, m, s) for x, out, m, s in normalized if torch.equal(out, critic_input)][0]
         torch.testing.assert_close(raw[:, 0] ** 2 + raw[:, 1] ** 2, torch.ones(3))  # (cos, sin, omega): a real observation
-        assert not torch.equal(raw, critic_input) and float(var.min()) != 1.0  # normalised, by statistics in use
+        nontrivial.append(not torch.equal(raw, critic_input) and float(var.min()) != 1.0)
         torch.testing.assert_close(critic_input, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10), rtol=0, atol=0)
+    # the first rollout (truncated at step 12) runs with the initial statistics; the 4 truncations after it with the
+    # statistics updated after each rollout
+    assert nontrivial == [False, True, True, True, True]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from conftest import (
     ITERATION_TAGS,
     ROOT,
     assert_one_line_error,
+    assert_training_replays_the_rollout,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -188,20 +189,9 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
 
 
 def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
-    """With a learning rate of 0 the policy never changes, so every minibatch of every epoch must give back the
-    log-probabilities stored in the rollout: ratio 1, KL 0. This fails if training sees other observations
-    (normalisation), other memory (cache, episode masks) or computes log-probabilities differently from the rollout.
-    The actor head starts with unit-scale weights here (not 0.01), so that a wrong input shows in the logits."""
-    original = p.layer_init
-    monkeypatch.setattr(p, "layer_init", lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0)))
-    args = p.Args(num_envs=4, num_steps=48, total_timesteps=4 * 48 * 3, num_minibatches=2, learning_rate=0.0, progress=False)
-    args.exp_name = "replay"
-    p.main(args)
-    (run_dir,) = glob.glob("runs/*__replay__*")
-    scalars = read_scalars(run_dir)
-    assert len(scalars["losses/approx_kl"]) == 3
-    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
-        assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+    """Training sees the observations (normalised by the same frozen statistics), the memory and the episode masks
+    that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
 
 
 def test_sample_action_matches_categorical():

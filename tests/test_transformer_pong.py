@@ -8,7 +8,16 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, import_script, read_scalars, run_dirs, run_script
+from conftest import (
+    EPISODE_TAGS,
+    ITERATION_TAGS,
+    assert_one_line_error,
+    assert_training_replays_the_rollout,
+    import_script,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 SCRIPT = "ppo_transformer_pong.py"
 p = import_script("ppo_transformer_pong")
@@ -167,19 +176,9 @@ def test_sample_action_matches_categorical():
 
 
 def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
-    """With a learning rate of 0 the policy never changes, so every minibatch of every epoch must give back the
-    log-probabilities stored in the rollout (KL 0, no clipping). This fails if training sees other frames, another
-    memory at the rollout's start or other episode masks than the rollout did."""
-    original = p.layer_init
-    monkeypatch.setattr(p, "layer_init", lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0)))
-    args = p.Args(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 3, num_minibatches=2, learning_rate=0.0, progress=False)
-    args.exp_name = "replay"
-    p.main(args)
-    (run_dir,) = glob.glob("runs/*__replay__*")
-    scalars = read_scalars(run_dir)
-    assert len(scalars["losses/approx_kl"]) == 3
-    for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
-        assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+    """Training sees the frames, the memory at the rollout's start and the episode masks that the rollout saw: at a
+    learning rate of 0, KL 0 in every minibatch."""
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2)
 
 
 def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
