@@ -18,7 +18,7 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: float32 measured 109
                        minutes (228 steps/s, partly sharing the CPU); bf16 only where the CPU has bf16 instructions
                        (emulated, it is 10x slower); `--configs atari_fp32` for one of them. On a GPU: see below.
-  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 12 minutes (about 80 s a run alone).
+  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 5.5 minutes (about 60 s a run alone).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: about 60-80 minutes.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
