@@ -810,7 +810,7 @@ def main(args: Args) -> None:
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
             writer.add_scalar("losses/policy_loss", pg_loss, global_step)
             writer.add_scalar("losses/entropy", entropy_loss, global_step)
