@@ -5,9 +5,10 @@ convolutions into a token. A pre-norm causal transformer attends from the curren
 tokens of the current episode, with a learned bias per head and distance as its positional information; the actor
 and critic heads read the current token's output. The same weights run two ways, and they agree (tested to 1e-5):
 
-- Rollouts keep a per-environment key/value cache of the last `lookback` steps of every layer: a step computes the
-  new frame's query, key and value only and attends to the cache, at a cost linear in `lookback` and independent of
-  the step's place in the episode. The cache is emptied when an episode begins.
+- Rollouts keep a per-environment key/value cache of the last `lookback` steps of every layer, a ring buffer: a step
+  computes the new frame's query, key and value only, writes the key and value over the oldest slot in place and
+  attends to the cache, at a cost linear in `lookback` and independent of the step's place in the episode. The cache
+  is emptied when an episode begins.
 - Training runs each environment's whole rollout in one pass with sliding-window causal attention over the
   `lookback` cached steps that preceded the rollout plus its `num_steps` new ones, under a band-and-episode mask,
   instead of re-encoding a window of frames for every sample. Minibatches are whole environment sequences.
@@ -319,18 +320,30 @@ class TransformerLayer(nn.Module):
         self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): [h, d] for a key d steps back
 
     def forward(
-        self, x: torch.Tensor, kv_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor
+        self,
+        x: torch.Tensor,
+        kv_cache: torch.Tensor,
+        visible: torch.Tensor,
+        distance: torch.Tensor,
+        slot: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, D) new tokens; kv_cache: (2, B, H, W, D/H) keys and values of the W = lookback steps before them;
-        visible: (B, T, W+T) bool, which keys each new token may attend to; distance: (T, W+T) steps from each token
-        back to each key. Returns the new tokens' outputs (B, T, D) and all keys and values (2, B, H, W+T, D/H)."""
+        """x: (B, T, D) new tokens. Two kinds of cache:
+        - slot None (a sequence): kv_cache (2, B, H, W, D/H), the keys and values of the W = lookback steps before
+          the new tokens, oldest first; the new tokens' keys and values are appended (one copy of the cache);
+        - slot (1,) (one step, T = 1): kv_cache (2, B, H, W+1, D/H), a ring buffer; the new key and value are written
+          into `slot` in place, and the ring (the same tensor, unless autocast changed its dtype) is returned.
+        visible: (B, T, keys) bool, which keys each new token may attend to; distance: (T, keys) steps from each token
+        back to each key. Returns the new tokens' outputs (B, T, D) and the keys and values (2, B, H, keys, D/H)."""
         B, T, D = x.shape
         qkv = (
             self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         )  # (3, B, H, T, D/H)
-        kv = torch.cat([kv_cache.to(qkv.dtype), qkv[1:]], dim=3)  # (2, B, H, W+T, D/H): the one copy of the cache
-        bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, W+T)
-        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, W+T); a row sees its own step
+        if slot is None:
+            kv = torch.cat([kv_cache.to(qkv.dtype), qkv[1:]], dim=3)  # (2, B, H, W+T, D/H)
+        else:
+            kv = kv_cache.to(qkv.dtype).index_copy_(3, slot, qkv[1:])  # (2, B, H, W+1, D/H), no copy of the cache
+        bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, keys)
+        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, keys); a row sees its own step
         attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)  # (B, H, T, D/H)
         x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x)), kv
@@ -342,11 +355,15 @@ class Agent(nn.Module):
     As in any sliding-window transformer (Beltagy et al. 2020), a layer attends `lookback` steps back, so the output
     of layer l can depend on up to l * lookback past frames of the episode.
 
-    The memory of the running episodes is `(kv, valid)`: kv, a tuple of L tensors (2, B, H, W, D/H), holds every
-    layer's keys and values of the last W = lookback steps, oldest first; valid (B, W) says which of those W slots
-    hold a step of the current episode (the others are never attended to). Training starts every sequence from the
-    memory saved at the rollout's start, computed by the weights of that time and not trained through (as a recurrent
-    PPO's initial hidden state), so the first epoch's ratio is exactly 1."""
+    The memory of the running episodes is `(kv, valid, slot)`, a ring buffer of W + 1 slots, W = lookback: kv, a tuple
+    of L tensors (2, B, H, W+1, D/H), holds every layer's keys and values of the last W steps; `slot` (a (1,) long
+    tensor, the same for every env) is where the next step writes, over the step W + 1 back, which no step attends to
+    any more; valid (B, W+1) says which slots hold a step of the current episode (the others are never attended to).
+    A step writes in place: a caller that keeps an older memory (training does, at the rollout's start) clones it.
+    A step whose memory is then dropped (a value of a final observation) writes only into the slot that the next step
+    overwrites. Training starts every sequence from the memory saved at the rollout's start, computed by the weights
+    of that time and not trained through (as a recurrent PPO's initial hidden state), so the first epoch's ratio is
+    exactly 1."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -366,10 +383,13 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
 
-    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (2, num_envs, self.n_heads, self.lookback, self.d_model // self.n_heads)
+    def initial_memory(
+        self, num_envs: int, device: torch.device
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        shape = (2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         kv = tuple(torch.zeros(shape, device=device) for _ in self.layers)
-        return kv, torch.zeros((num_envs, self.lookback), dtype=torch.bool, device=device)
+        valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
+        return kv, valid, torch.zeros(1, dtype=torch.long, device=device)
 
     def encode(self, frames: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
         """frames: (N, 1, 84, 84) uint8 -> tokens (N, D)."""
@@ -384,34 +404,38 @@ class Agent(nn.Module):
         frames: torch.Tensor,
         kv: tuple[torch.Tensor, ...],
         valid: torch.Tensor,
+        slot: torch.Tensor,
         episode_starts: torch.Tensor,
         memory_format: torch.memory_format,
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
-        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: L x (2, B, H, W, D/H); valid: (B, W);
-        episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid) for the next step.
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: L x (2, B, H, W+1, D/H); valid:
+        (B, W+1); slot: (1,); episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid,
+        slot) for the next step; kv is written in place.
 
-            slots     t-W ... t-2 t-1 | t       the new step attends to the W cached slots and to itself,
-            distance   W  ...  2   1  | 0       skipping the slots that are not `valid` (another episode)"""
+            W=3, slot 1:  slot       0   1   2   3      the new step's key and value go into its slot, over step
+                          holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
+                          distance   1   0   3   2      episode), with the bias of the slot's distance"""
         valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: an episode that begins attends to nothing before it
+        valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
+        distance = (slot - torch.arange(self.lookback + 1, device=frames.device)) % (self.lookback + 1)  # (W+1,)
         x = self.encode(frames, memory_format).unsqueeze(1)  # (B, 1, D)
-        visible = torch.cat([valid, valid.new_ones(valid.shape[0], 1)], dim=1).unsqueeze(1)  # (B, 1, W+1)
-        distance = torch.arange(self.lookback, -1, -1, device=frames.device).unsqueeze(0)  # (1, W+1)
         new_kv = []
         for layer, kv_cache in zip(self.layers, kv):
-            x, layer_kv = layer(x, kv_cache, visible, distance)
-            new_kv.append(layer_kv[:, :, :, 1:])  # (2, B, H, W, D/H): the oldest slot dropped, a view (no copy)
+            x, layer_kv = layer(x, kv_cache, valid.unsqueeze(1), distance.unsqueeze(0), slot)
+            new_kv.append(layer_kv)
         logits, value = self.heads(x.squeeze(1))
-        return logits, value, tuple(new_kv), visible[:, 0, 1:]
+        return logits, value, tuple(new_kv), valid, (slot + 1) % (self.lookback + 1)
 
     def sequence(
         self,
         frames: torch.Tensor,
         kv: tuple[torch.Tensor, ...],
         valid: torch.Tensor,
+        slot: torch.Tensor,
         episode_starts: torch.Tensor,
         memory_format: torch.memory_format,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole rollout of every env in one pass. frames: (T, B, 1, 84, 84) uint8; kv, valid: the memory at the
+        """A whole rollout of every env in one pass. frames: (T, B, 1, 84, 84) uint8; kv, valid, slot: the memory at the
         rollout's start; episode_starts: (T, B) bool. Returns logits (T, B, A) and values (T, B), equal to running
         `step` T times. Each new token attends to the keys within `lookback` steps of it in its own episode:
 
@@ -422,6 +446,8 @@ class Agent(nn.Module):
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
         T, B = episode_starts.shape
         W = self.lookback
+        oldest_first = (slot + 1 + torch.arange(W, device=frames.device)) % (W + 1)  # (W,): the ring's last W steps
+        kv, valid = tuple(c.index_select(3, oldest_first) for c in kv), valid.index_select(1, oldest_first)
         x = self.encode(frames.flatten(0, 1), memory_format).view(T, B, -1).transpose(0, 1)  # (B, T, D)
         ids = torch.cumsum(episode_starts.long(), dim=0).T  # (B, T): every start begins a new id
         key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T): cached slots of the running episode are id 0
@@ -562,11 +588,11 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     memory_format = torch.channels_last if saved_args.channels_last else torch.contiguous_format
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
     obs, _ = envs.reset(seed=seed)
-    (kv, valid), done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
+    (kv, valid, slot), done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
     scores = []
     while len(scores) < episodes:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=saved_args.bf16):
-            logits, _, kv, valid = agent.step(torch.as_tensor(obs, device=device), kv, valid, done, memory_format)
+            logits, _, kv, valid, slot = agent.step(torch.as_tensor(obs, device=device), kv, valid, slot, done, memory_format)
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
         done = torch.as_tensor(termination | truncation, device=device)
@@ -653,7 +679,7 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    kv, valid = agent.initial_memory(args.num_envs, device)  # L x (2, num_envs, H, W, D/H), (num_envs, W): the KV cache
+    kv, valid, slot = agent.initial_memory(args.num_envs, device)  # L x (2, num_envs, H, W+1, D/H), (num_envs, W+1), (1,)
     video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
 
     # TRY NOT TO MODIFY: start the game
@@ -682,7 +708,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout, the transformer run step by step with its per-env key/value cache
-            initial_kv, initial_valid = tuple(c.clone() for c in kv), valid.clone()  # training restarts sequences here
+            initial_kv, initial_valid, initial_slot = tuple(c.clone() for c in kv), valid.clone(), slot.clone()  # for training
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -692,7 +718,7 @@ def main(args: Args) -> None:
                 episode_starts[step] = next_done
 
                 with torch.no_grad(), autocast:
-                    logits, value, kv, valid = agent_step(next_obs, kv, valid, next_done, memory_format)
+                    logits, value, kv, valid, slot = agent_step(next_obs, kv, valid, slot, next_done, memory_format)
                 action, logprob = sample_action(logits)
                 values[step] = value
                 actions[step] = action
@@ -706,7 +732,7 @@ def main(args: Args) -> None:
                     with torch.no_grad(), autocast:
                         no_start = torch.zeros(args.num_envs, dtype=torch.bool, device=device)
                         final_obs = torch.as_tensor(infos["final_obs"], device=device)
-                        _, final_value, _, _ = agent_step(final_obs, kv, valid, no_start, memory_format)
+                        _, final_value, *_ = agent_step(final_obs, kv, valid, slot, no_start, memory_format)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
                     game_over = "episode" in infos and infos["_episode"][0]
@@ -736,7 +762,7 @@ def main(args: Args) -> None:
             )
             with torch.no_grad():
                 with autocast:
-                    _, next_value, _, _ = agent_step(next_obs, kv, valid, next_done, memory_format)
+                    _, next_value, *_ = agent_step(next_obs, kv, valid, slot, next_done, memory_format)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
@@ -754,6 +780,7 @@ def main(args: Args) -> None:
                             obs[:, mb_envs],
                             tuple(c[:, mb_envs] for c in initial_kv),
                             initial_valid[mb_envs],
+                            initial_slot,
                             episode_starts[:, mb_envs],
                             memory_format,
                         )

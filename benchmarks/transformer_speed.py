@@ -17,7 +17,8 @@
   - per-sample windows: the seed project's way: every sample re-encodes its window of lookback + 1 frames and runs
     the transformer over it, reading the last token;
   - per-sample windows over tokens: every frame encoded once, the transformer run over every sample's window.
-Each figure is the median of repeated timed calls after warm-up calls, all in this process, one after the other.
+Each figure is the median of timed calls after warm-up calls, all in this process, the functions compared called in turn
+round after round (so that the machine's slow and fast spells fall on all of them alike).
 With --compile (the script's --compile compiles `Agent.step` the same way), the cached step and the recompute are
 each one torch.compile'd function (the warm-up calls compile them); re-encoding stays eager, and the update
 comparison is left out. Written to benchmarks/results/transformer_speed_compiled.md.
@@ -52,21 +53,28 @@ class Args:
     """steps per env sequence in an update (the script's default)"""
     envs_per_minibatch: int = 2
     """env sequences per minibatch (the script's default: 8 envs / 4 minibatches)"""
-    calls: int = 20
-    """timed calls per step measurement (after 3 warm-up calls); updates use a quarter of it, at least 3"""
+    calls: int = 40
+    """rounds of timed calls of the per-step comparison (after 3 warm-up calls each; re-encoding runs in every 4th);
+    the update comparison runs a quarter of it, at least 3 (per-sample windows in every 3rd)"""
     compile: bool = False
     """compile the cached step and the recompute (per-step comparison only)"""
 
 
-def median_time(fn, calls: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+def median_times(fns: dict, rounds: int, every: dict | None = None, warmup: int = 3) -> dict[str, float]:
+    """The median wall time of each function, the functions called in turn, round after round, so that the machine's
+    slow and fast spells fall on all of them alike; a function with every[name] = k runs in every k-th round only."""
+    every = every or {}
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for round_ in range(rounds):
+        for name, fn in fns.items():
+            if round_ % every.get(name, 1) == 0:
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def window_masks(lookback: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,14 +101,14 @@ def step_figures(lookback: int, args: Args) -> dict[str, float]:
     frames = torch.randint(0, 256, (args.num_envs, 1, 84, 84), dtype=torch.uint8)
     window_frames = torch.randint(0, 256, (args.num_envs, lookback + 1, 1, 84, 84), dtype=torch.uint8)
     starts = torch.zeros(args.num_envs, dtype=torch.bool)
-    kv, valid = agent.initial_memory(args.num_envs, device)
+    kv, valid, slot = agent.initial_memory(args.num_envs, device)
     valid[:] = True  # a full cache: the steady state deep into an episode
     tokens = torch.randn(args.num_envs, lookback, agent.d_model)
     visible, distance = window_masks(lookback, device)
 
     @torch.no_grad()
     def cached():
-        return agent.step(frames, kv, valid, starts, FORMAT)  # token, attention to the cache, heads, the new cache
+        return agent.step(frames, kv, valid, slot, starts, FORMAT)  # token, its key and value into the cache, attention
 
     @torch.no_grad()
     def recompute():
@@ -116,12 +124,8 @@ def step_figures(lookback: int, args: Args) -> dict[str, float]:
         window = agent.encode(window_frames.flatten(0, 1), FORMAT).view(args.num_envs, lookback + 1, -1)
         agent.heads(transformer_over_windows(agent, window, visible, distance))
 
-    calls = args.calls
-    return {
-        "cached": median_time(cached, calls),
-        "recompute window": median_time(recompute, calls),
-        "re-encode window": median_time(reencode, max(3, calls // 4)),
-    }
+    fns = {"cached": cached, "recompute window": recompute, "re-encode window": reencode}
+    return median_times(fns, args.calls, every={"re-encode window": 4})
 
 
 def ppo_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -142,11 +146,10 @@ def update_figures(lookback: int, args: Args) -> dict[str, float]:
     frames = torch.randint(0, 256, (W + T, B, 1, 84, 84), dtype=torch.uint8)  # W frames before the rollout, then T
     starts = torch.zeros(T, B, dtype=torch.bool)
     actions = torch.randint(0, N_ACTIONS, (T * B,))
-    kv, valid = agent.initial_memory(B, device)
+    kv, valid, slot = agent.initial_memory(B, device)
     with torch.no_grad():  # the cache at the rollout's start, from the W frames before it
-        valid[:] = False
         for t in range(W):
-            _, _, kv, valid = agent.step(frames[t], kv, valid, starts[0], FORMAT)
+            _, _, kv, valid, slot = agent.step(frames[t], kv, valid, slot, starts[0], FORMAT)
     visible, distance = window_masks(W, device)
     windows = torch.arange(T).unsqueeze(1) + torch.arange(W + 1).unsqueeze(0)  # (T, W+1): frame indices of each window
 
@@ -156,7 +159,7 @@ def update_figures(lookback: int, args: Args) -> dict[str, float]:
         optimizer.step()
 
     def windowed():
-        logits, values = agent.sequence(frames[W:], kv, valid, starts, FORMAT)  # (T, B, A), (T, B)
+        logits, values = agent.sequence(frames[W:], kv, valid, slot, starts, FORMAT)  # (T, B, A), (T, B)
         gradient_step(logits.flatten(0, 1), values.flatten())
 
     def per_sample_frames():
@@ -171,12 +174,12 @@ def update_figures(lookback: int, args: Args) -> dict[str, float]:
         logits, values = agent.heads(transformer_over_windows(agent, window_tokens, visible, distance))
         gradient_step(logits, values)
 
-    calls = max(3, args.calls // 4)
-    return {
-        "windowed one pass": median_time(windowed, calls, warmup=1),
-        "per-sample windows": median_time(per_sample_frames, 3, warmup=1),
-        "per-sample windows over tokens": median_time(per_sample_tokens, calls, warmup=1),
+    fns = {
+        "windowed one pass": windowed,
+        "per-sample windows": per_sample_frames,
+        "per-sample windows over tokens": per_sample_tokens,
     }
+    return median_times(fns, max(3, args.calls // 4), every={"per-sample windows": 3}, warmup=1)
 
 
 def main(args: Args) -> None:
@@ -188,7 +191,7 @@ def main(args: Args) -> None:
         "",
         f"Machine: {machine()}. Generated by `python benchmarks/transformer_speed.py{' --compile' if args.compile else ''}` "
         "(float32, channels-last, the script's default network: d_model 128, 2 layers, 4 heads). Median wall time of "
-        "repeated calls, one after the other in one process."
+        "repeated calls in one process, the functions compared called in turn."
         + (" The cached step and the recompute are each torch.compile'd; re-encoding is eager." if args.compile else ""),
         "",
         f"## Per-step inference ({args.num_envs} envs, no grad)",

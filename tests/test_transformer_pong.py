@@ -50,15 +50,20 @@ def random_starts(steps: int, num_envs: int, reset_prob: float, seed: int = 0) -
 
 @torch.no_grad()
 def run_steps(agent, frames: torch.Tensor, starts: torch.Tensor, memory=None):
-    """The rollout's way: one step at a time with the KV cache. Returns logits (T, B, A), values (T, B), the memory
-    before every step and after the last."""
+    """The rollout's way: one step at a time with the KV cache. Returns logits (T, B, A), values (T, B), and copies of
+    the memory before every step and after the last (a step writes into the cache in place)."""
+
+    def copy(memory):
+        kv, valid, slot = memory
+        return tuple(c.clone() for c in kv), valid.clone(), slot.clone()
+
     memory = memory or agent.initial_memory(frames.shape[1], torch.device("cpu"))
-    logits, values, memories = [], [], [memory]
+    logits, values, memories = [], [], [copy(memory)]
     for t in range(frames.shape[0]):
         logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
         logits.append(logit)
         values.append(value)
-        memories.append(tuple(memory))
+        memories.append(copy(memory))
     return torch.stack(logits), torch.stack(values), memories
 
 
@@ -106,7 +111,7 @@ def test_cached_steps_equal_windowed_one_pass(lookback, n_layers, n_heads, lengt
     first, second = lengths
     frames, starts = random_frames(first + second, 3), random_starts(first + second, 3, reset_prob)
     logits, values, memories = run_steps(agent, frames, starts)
-    assert {tuple(c.shape) for kv, _ in memories for c in kv} == {(2, 3, n_heads, lookback, 16 // n_heads)}
+    assert {tuple(c.shape) for kv, _, _ in memories for c in kv} == {(2, 3, n_heads, lookback + 1, 16 // n_heads)}
     with torch.no_grad():
         for begin, end in ((0, first), (first, first + second)):
             seq_logits, seq_values = agent.sequence(frames[begin:end], *memories[begin], starts[begin:end], FORMAT)
@@ -142,6 +147,25 @@ def test_nothing_crosses_an_episode_start(n_layers):
         seq_logits, _ = agent.sequence(frames, *memory, starts, FORMAT)
         other_seq_logits, _ = agent.sequence(other, *memory, starts, FORMAT)
     torch.testing.assert_close(other_seq_logits[9:, 0], seq_logits[9:, 0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lookback", [0, 3])
+def test_a_step_whose_memory_is_dropped_changes_nothing(lookback):
+    """The rollout peeks (the value of a truncated game's final observation, the bootstrap value) with a step whose
+    returned memory it drops. The step writes into the cache in place, but only into the slot the next step
+    overwrites: the outputs that follow are those of a rollout without the peek, bit for bit."""
+    agent = random_agent(lookback, 2, 2)
+    frames, starts = random_frames(12, 2, seed=8), random_starts(12, 2, 0.2, seed=8)
+    logits, values, _ = run_steps(agent, frames, starts)
+    peek_frames = random_frames(1, 2, seed=9)[0]
+    with torch.no_grad():
+        memory = agent.initial_memory(2, torch.device("cpu"))
+        for t in range(12):
+            if t in (4, 5, 9):
+                agent.step(peek_frames, *memory, torch.zeros(2, dtype=torch.bool), FORMAT)  # its memory is dropped
+            logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
+            torch.testing.assert_close(logit, logits[t], rtol=0, atol=0)
+            torch.testing.assert_close(value, values[t], rtol=0, atol=0)
 
 
 def test_one_layer_attends_exactly_lookback_steps_back():
