@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -101,3 +102,25 @@ def assert_training_replays_the_rollout(script, monkeypatch, **args) -> None:
     assert len(scalars["losses/approx_kl"]) == 3
     for tag in ("losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac"):
         assert all(abs(v) < 1e-6 for _, v in scalars[tag]), (tag, scalars[tag])
+
+
+def assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(script, monkeypatch, **args) -> None:
+    """Poison the advantages from the third iteration on (NaN): the run must stop there with one line, and the
+    checkpoint on disk must be the last good one, iteration 2, with finite weights. Runs 6 iterations at most."""
+    calls = []
+    original = script.compute_gae
+
+    def poisoned(*gae_args, **gae_kwargs):
+        advantages, returns = original(*gae_args, **gae_kwargs)
+        calls.append(1)
+        return (advantages * float("nan"), returns) if len(calls) >= 3 else (advantages, returns)
+
+    monkeypatch.setattr(script, "compute_gae", poisoned)
+    total_timesteps = 6 * args["num_envs"] * args["num_steps"]
+    run_args = script.Args(**args, total_timesteps=total_timesteps, progress=False)
+    run_args.save_model, run_args.save_interval = True, 1
+    with pytest.raises(SystemExit, match="non-finite loss or weights at iteration 3"):
+        script.main(run_args)
+    checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
+    assert checkpoint["iteration"] == 2
+    assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())

@@ -12,6 +12,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     first_step_reaching,
@@ -330,22 +331,7 @@ def test_same_seed_same_losses(in_tmp):
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatch):
-    calls = []
-    original = p.compute_gae
-
-    def poisoned(*args, **kwargs):
-        advantages, returns = original(*args, **kwargs)
-        calls.append(1)
-        return (advantages * float("nan"), returns) if len(calls) >= 3 else (advantages, returns)
-
-    monkeypatch.setattr(p, "compute_gae", poisoned)
-    args = p.Args(num_envs=2, num_steps=32, total_timesteps=2 * 32 * 6, num_minibatches=2, progress=False)
-    args.save_model, args.save_interval = True, 1
-    with pytest.raises(SystemExit, match="non-finite loss or weights at iteration 3"):
-        p.main(args)
-    checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
-    assert checkpoint["iteration"] == 2
-    assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+    assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(p, monkeypatch, num_envs=2, num_steps=32, num_minibatches=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
