@@ -124,3 +124,22 @@ def assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(script, monkeypa
     checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
     assert checkpoint["iteration"] == 2
     assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+
+
+def assert_same_seed_same_losses(script, **args) -> None:
+    """Three runs of 3 iterations on the CPU: the same seed twice gives the same losses, bit for bit; another seed
+    gives other losses (the test can fail)."""
+
+    def losses_of_run(seed: int, name: str) -> list[float]:
+        total_timesteps = 3 * args["num_envs"] * args["num_steps"]
+        run_args = script.Args(**args, seed=seed, total_timesteps=total_timesteps, progress=False)
+        run_args.exp_name = name
+        script.main(run_args)
+        (run_dir,) = glob.glob(f"runs/*__{name}__*")
+        scalars = read_scalars(run_dir)
+        return [v for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl") for _, v in scalars[tag]]
+
+    first, second, other = losses_of_run(3, "first"), losses_of_run(3, "second"), losses_of_run(4, "other")
+    assert len(first) == 9
+    assert first == second
+    assert first != other

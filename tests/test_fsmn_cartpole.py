@@ -17,6 +17,7 @@ from conftest import (
     ROOT,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
+    assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
     first_step_reaching,
     import_script,
@@ -294,20 +295,8 @@ def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
 # Determinism and a non-finite loss
 
 
-def losses_of_run(seed: int, name: str) -> list[float]:
-    args = p.Args(seed=seed, num_envs=4, num_steps=32, total_timesteps=4 * 32 * 3, num_minibatches=2, progress=False)
-    args.exp_name = name
-    p.main(args)
-    (run_dir,) = glob.glob(f"runs/*__{name}__*")
-    scalars = read_scalars(run_dir)
-    return [v for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl") for _, v in scalars[tag]]
-
-
 def test_same_seed_same_losses(in_tmp):
-    first, second, other = losses_of_run(3, "first"), losses_of_run(3, "second"), losses_of_run(4, "other")
-    assert len(first) == 9
-    assert first == second
-    assert first != other
+    assert_same_seed_same_losses(p, num_envs=4, num_steps=32, num_minibatches=2)
 
 
 def test_rng_states_restore_every_generator_exactly():
