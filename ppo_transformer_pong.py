@@ -303,6 +303,7 @@ class TransformerLayer(nn.Module):
     """A pre-norm transformer layer (Xiong et al. 2020) whose attention takes extra keys and values from a cache.
 
         x = x + Attention(LayerNorm(x), over [cached keys, new keys]) with bias[h, distance] on every score
+                (in a cached step: over the ring buffer, the new key written over its oldest slot)
         x = x + MLP(LayerNorm(x))
 
     The positional information is a learned bias per head and distance (0 = the step itself, up to lookback), as
@@ -410,7 +411,7 @@ class Agent(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
         """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: L x (2, B, H, W+1, D/H); valid:
         (B, W+1); slot: (1,); episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid,
-        slot) for the next step; kv is written in place.
+        slot) for the next step; kv is written in place (inference only: call it under no_grad).
 
             W=3, slot 1:  slot       0   1   2   3      the new step's key and value go into its slot, over step
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own

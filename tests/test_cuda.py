@@ -66,11 +66,15 @@ def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda(monkeypatch):
         starts[0] = True
         memory, logits, values = agent.initial_memory(3, device), [], []
         for t in range(30):
+            if t == 13:  # a second rollout starts here, from a copy of the memory (the ring's slot is not 0)
+                kv, valid, slot = memory
+                second_rollout_memory = tuple(c.clone() for c in kv), valid.clone(), slot.clone()
             logit, value, *memory = agent.step(frames[t], *memory, starts[t], torch.contiguous_format)
             logits.append(logit), values.append(value)
-        seq_logits, seq_values = agent.sequence(frames, *agent.initial_memory(3, device), starts, torch.contiguous_format)
-    torch.testing.assert_close(seq_logits, torch.stack(logits), rtol=0, atol=1e-5)
-    torch.testing.assert_close(seq_values, torch.stack(values), rtol=0, atol=1e-5)
+        first = agent.sequence(frames[:13], *agent.initial_memory(3, device), starts[:13], torch.contiguous_format)
+        second = agent.sequence(frames[13:], *second_rollout_memory, starts[13:], torch.contiguous_format)
+    torch.testing.assert_close(torch.cat([first[0], second[0]]), torch.stack(logits), rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.cat([first[1], second[1]]), torch.stack(values), rtol=0, atol=1e-5)
 
 
 def atari_minibatch(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:

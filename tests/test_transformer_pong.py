@@ -57,7 +57,7 @@ def run_steps(agent, frames: torch.Tensor, starts: torch.Tensor, memory=None):
         kv, valid, slot = memory
         return tuple(c.clone() for c in kv), valid.clone(), slot.clone()
 
-    memory = memory or agent.initial_memory(frames.shape[1], torch.device("cpu"))
+    memory = copy(memory or agent.initial_memory(frames.shape[1], torch.device("cpu")))
     logits, values, memories = [], [], [copy(memory)]
     for t in range(frames.shape[0]):
         logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
@@ -152,20 +152,29 @@ def test_nothing_crosses_an_episode_start(n_layers):
 @pytest.mark.parametrize("lookback", [0, 3])
 def test_a_step_whose_memory_is_dropped_changes_nothing(lookback):
     """The rollout peeks (the value of a truncated game's final observation, the bootstrap value) with a step whose
-    returned memory it drops. The step writes into the cache in place, but only into the slot the next step
-    overwrites: the outputs that follow are those of a rollout without the peek, bit for bit."""
+    returned memory it drops. The step writes into the cache in place (no copy of it), but only into the slot the
+    next step overwrites: the outputs that follow are those of a rollout without the peeks, bit for bit, whether the
+    next outputs come from steps or, after a peek with episode starts and a copy of the memory (the end of a
+    rollout), from the one-pass sequence of the next rollout."""
     agent = random_agent(lookback, 2, 2)
-    frames, starts = random_frames(12, 2, seed=8), random_starts(12, 2, 0.2, seed=8)
+    frames, starts = random_frames(16, 2, seed=8), random_starts(16, 2, 0.2, seed=8)
     logits, values, _ = run_steps(agent, frames, starts)
     peek_frames = random_frames(1, 2, seed=9)[0]
     with torch.no_grad():
         memory = agent.initial_memory(2, torch.device("cpu"))
-        for t in range(12):
+        for t in range(10):
             if t in (4, 5, 9):
                 agent.step(peek_frames, *memory, torch.zeros(2, dtype=torch.bool), FORMAT)  # its memory is dropped
+            kv = memory[0]
             logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
+            assert all(new.data_ptr() == old.data_ptr() for new, old in zip(memory[0], kv))  # written in place
             torch.testing.assert_close(logit, logits[t], rtol=0, atol=0)
             torch.testing.assert_close(value, values[t], rtol=0, atol=0)
+        agent.step(peek_frames, *memory, starts[10], FORMAT)  # the bootstrap value at a rollout's end
+        kv, valid, slot = memory
+        seq_logits, seq_values = agent.sequence(frames[10:], tuple(c.clone() for c in kv), valid, slot, starts[10:], FORMAT)
+    torch.testing.assert_close(seq_logits, logits[10:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_values, values[10:], rtol=0, atol=1e-5)
 
 
 def test_one_layer_attends_exactly_lookback_steps_back():
