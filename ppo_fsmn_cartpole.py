@@ -649,7 +649,7 @@ def main(args: Args) -> None:
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             env_inds = np.arange(args.num_envs)
             envs_per_minibatch = args.num_envs // args.num_minibatches
-            clipfracs, stats = [], []
+            stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
@@ -669,7 +669,7 @@ def main(args: Args) -> None:
                         # calculate approx_kl http://joschu.net/blog/kl-approx.html
                         old_approx_kl = (-logratio).mean()
                         approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
@@ -695,7 +695,9 @@ def main(args: Args) -> None:
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss]).detach())
+                    stats.append(
+                        torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+                    )
 
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
@@ -703,7 +705,7 @@ def main(args: Args) -> None:
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss = losses
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
                 raise SystemExit(
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
@@ -716,7 +718,7 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/entropy", entropy_loss, global_step)
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
             writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
