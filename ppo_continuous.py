@@ -144,6 +144,8 @@ class Args:
     """lower clamp of the log-std"""
     log_std_max: float = 2.0
     """upper clamp of the log-std"""
+    compile: bool = False
+    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -531,6 +533,10 @@ def main(args: Args) -> None:
 
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    sample_action_and_value, get_action_and_value = (
+        torch.compile(f) if args.compile else f for f in (agent.sample_action_and_value, agent.get_action_and_value)
+    )
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -592,8 +598,8 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, value = agent.sample_action_and_value(agent.obs_norm(next_obs))
+                with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
+                    action, logprob, value = sample_action_and_value(agent.obs_norm(next_obs))
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -604,7 +610,7 @@ def main(args: Args) -> None:
                 if truncation.any():
                     # bootstrap a truncated episode from its final observation, normalised with the same statistics
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
+                    with torch.inference_mode():
                         final_value = agent.get_value(
                             agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
                         )
@@ -656,7 +662,7 @@ def main(args: Args) -> None:
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    _, newlogprob, entropy, newvalue = get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     mb_logprobs, mb_advantages = b_logprobs[mb_inds], b_advantages[mb_inds]
                     mb_returns, mb_values = b_returns[mb_inds], b_values[mb_inds]
                     logratio = newlogprob - mb_logprobs

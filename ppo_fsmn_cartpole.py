@@ -127,6 +127,8 @@ class Args:
     """give the actor and the critic a trunk each (default: one shared trunk)"""
     norm_obs: bool = True
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
+    compile: bool = False
+    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -269,8 +271,10 @@ class FSMNBlock(nn.Module):
 
     def sequence(self, x: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
         """x: (T, B, H); cache: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see Agent.sequence."""
-        h = torch.tanh(self.proj_in(x))  # (T, B, H)
-        history = torch.cat([cache.flip(1).transpose(0, 1), h], dim=0)  # (N+T, B, H), oldest first
+        # h (T, B, H) is read back from the history: concatenated as a tensor of its own and then used again, it is
+        # miscompiled by torch 2.13's inductor under no_grad (tested against eager)
+        history = torch.cat([cache.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
+        h = history[self.memory_order :]  # h_t = tanh(W_in x_t)
         windows = history.unfold(0, self.memory_order + 1, 1)  # (T, B, H, N+1): windows[t, ..., k] = h_{t-N+k}
         m = h + (windows * same_episode * self.taps.flip(0).T).sum(-1)  # (T, B, H), taps reversed to match k
         return self.norm(x + self.proj_out(m))
@@ -322,7 +326,7 @@ class Agent(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for every env. obs: (B, obs_dim); cache: (L, B, N, H); episode_starts: (B,) bool.
         Returns logits (B, A), values (B,) and the cache to use at the next step."""
-        cache = cache * (~episode_starts).view(1, -1, 1, 1)  # MEMORY RESET: an episode that begins remembers nothing
+        cache = cache.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         caches = cache.chunk(len(self.trunks))
         outputs = [trunk.step(obs, c) for trunk, c in zip(self.trunks, caches)]
         actor_x, critic_x = outputs[0][0], outputs[-1][0]
@@ -357,6 +361,66 @@ def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def rollout_step(
+    agent: Agent, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One rollout step's inference: raw obs (B, obs_dim) seen through the frozen observation statistics -> sampled
+    actions, their log-probabilities, values and the cache to use at the next step."""
+    logits, value, cache = agent.step(agent.obs_norm(obs), cache, episode_starts)
+    return *sample_action(logits), value, cache
+
+
+def minibatch_loss(
+    agent: Agent,
+    args: Args,
+    mb_obs: torch.Tensor,
+    mb_cache: torch.Tensor,
+    mb_starts: torch.Tensor,
+    mb_actions: torch.Tensor,
+    mb_logprobs: torch.Tensor,
+    mb_advantages: torch.Tensor,
+    mb_returns: torch.Tensor,
+    mb_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), the network run over them in one pass
+    from the cache saved at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx
+    KL, approx KL, loss, clip fraction), without a host sync."""
+    new_logits, newvalue = agent.sequence(mb_obs, mb_cache, mb_starts)
+    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
+    newlogprob, entropy, newvalue = probs.log_prob(mb_actions.flatten()), probs.entropy(), newvalue.flatten()
+    mb_logprobs, mb_advantages = mb_logprobs.flatten(), mb_advantages.flatten()
+    mb_returns, mb_values = mb_returns.flatten(), mb_values.flatten()
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
 def compute_gae(
@@ -539,6 +603,10 @@ def main(args: Args) -> None:
 
     agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    policy_step, agent_step, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (rollout_step, agent.step, minibatch_loss)
+    )
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -604,9 +672,8 @@ def main(args: Args) -> None:
                 obs[step] = next_obs
                 episode_starts[step] = next_done
 
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
-                    logits, value, cache = agent.step(agent.obs_norm(next_obs), cache, next_done)
-                    action, logprob = sample_action(logits)
+                with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
+                    action, logprob, value, cache = policy_step(agent, next_obs, cache, next_done)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -616,8 +683,8 @@ def main(args: Args) -> None:
                 if truncation.any():
                     # bootstrap a truncated episode from its final observation, seen with that episode's memory
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
-                        _, final_value, _ = agent.step(
+                    with torch.inference_mode():
+                        _, final_value, _ = agent_step(
                             agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device)),
                             cache,
                             torch.zeros(args.num_envs, dtype=torch.bool, device=device),
@@ -638,7 +705,7 @@ def main(args: Args) -> None:
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
             )
             with torch.no_grad():
-                _, next_value, _ = agent.step(agent.obs_norm(next_obs), cache, next_done)
+                _, next_value, _ = agent_step(agent.obs_norm(next_obs), cache, next_done)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
@@ -654,52 +721,15 @@ def main(args: Args) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    new_logits, newvalue = agent.sequence(
-                        seen_obs[:, mb_envs], initial_cache[:, mb_envs], episode_starts[:, mb_envs]
-                    )
-                    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
-                    mb_actions = actions[:, mb_envs].flatten()
-                    newlogprob, entropy, newvalue = probs.log_prob(mb_actions), probs.entropy(), newvalue.flatten()
-                    mb_logprobs, mb_advantages = logprobs[:, mb_envs].flatten(), advantages[:, mb_envs].flatten()
-                    mb_returns, mb_values = returns[:, mb_envs].flatten(), values[:, mb_envs].flatten()
-                    logratio = newlogprob - mb_logprobs
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                    minibatch = (seen_obs, initial_cache, episode_starts, actions, logprobs, advantages, returns, values)
+                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # envs are dim 1
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(
-                        torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
-                    )
+                    stats.append(mb_stats)
 
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)

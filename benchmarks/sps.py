@@ -1,6 +1,6 @@
 """Throughput of a script against its peer at equal settings, run alternately in one command.
 
-    python benchmarks/sps.py --pair fsmn-cartpole --repeats 3
+    python benchmarks/sps.py --pair fsmn-cartpole --repeats 7      # eager and --compile
     python benchmarks/sps.py --pair atari-pong --repeats 3          # and atari-pong-bf16
     python benchmarks/sps.py --pair transformer-pong --repeats 3    # ppo_transformer_pong.py against ppo_atari.py
     python benchmarks/sps.py --pair atari-pong-gpu --repeats 1      # on a GPU: eager, --cudagraphs, --compile, ...
@@ -35,6 +35,7 @@ PAIRS = {
     "fsmn-cartpole": dict(
         script=["ppo_fsmn_cartpole.py", "--num-envs", "4", "--num-steps", "128", "--num-minibatches", "4"]
         + ["--update-epochs", "4", "--no-progress"],
+        variants={"eager": [], "--compile": ["--compile"]},
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "128"]
         + ["--batch-size", "128", "--epochs", "4"],
         total_timesteps=40_960,

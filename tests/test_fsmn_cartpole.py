@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -194,6 +195,21 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     """Training sees the observations (normalised by the same frozen statistics), the memory and the episode masks
     that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
+
+
+def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
+    """--compile: the compiled step and one-pass sequence equal the eager ones (1e-5) on random memory taps, episode
+    starts and a cache carried from an earlier rollout; and a compiled run replays its rollout (KL 0 at a learning
+    rate of 0), so the compiled step and the compiled sequence agree with each other."""
+    agent = random_agent(memory_order=4, num_blocks=2, separate_trunks=False)
+    obs, starts, cache = torch.randn(12, 3, 3), torch.rand(12, 3) < 0.2, torch.randn(2, 3, 4, 16)
+    compiled_agent = SimpleNamespace(step=torch.compile(agent.step), sequence=torch.compile(agent.sequence))
+    with torch.no_grad():
+        eager = [*run_steps(agent, obs, cache, starts)[:2], *agent.sequence(obs, cache, starts)]
+        compiled = [*run_steps(compiled_agent, obs, cache, starts)[:2], *compiled_agent.sequence(obs, cache, starts)]
+    for eager_output, compiled_output in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(compiled_output, eager_output, atol=1e-5, rtol=1e-5)
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
 
 
 def test_sample_action_matches_categorical():
