@@ -25,6 +25,7 @@ final observation, normalised with the same statistics; terminated steps do not.
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-envs 1 --num-steps 2048 \
         --gamma 0.99 --learning-rate 3e-4 --num-minibatches 32    # CleanRL's MuJoCo settings (not tuned here)
     python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt
+    python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
 
 Defaults, tuned for Pendulum-v1: 8 envs x 256 steps (batch 2048), 8 minibatches of 256 samples, 10 epochs,
 learning rate 1e-3 annealed, gamma 0.95 (a short horizon suits Pendulum's dense reward; the SB3 zoo uses 0.9),
@@ -354,6 +355,56 @@ def squashed_entropy(
     return (gaussian_entropy + tanh_log_abs_det(u) + torch.log((high - low) / 2.0)).sum(-1)
 
 
+def rollout_step(agent: Agent, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One rollout step's inference: raw obs (B, obs_dim) seen through the frozen observation statistics -> pre-squash
+    samples u (B, A), their exact log-probabilities and values."""
+    return agent.sample_action_and_value(agent.obs_norm(obs))
+
+
+def minibatch_loss(
+    agent: Agent,
+    args: Args,
+    mb_obs: torch.Tensor,
+    mb_actions: torch.Tensor,
+    mb_logprobs: torch.Tensor,
+    mb_advantages: torch.Tensor,
+    mb_returns: torch.Tensor,
+    mb_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of samples (normalised observations, pre-squash actions u). Returns the loss and
+    (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip fraction), without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+
+
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -534,9 +585,7 @@ def main(args: Args) -> None:
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # the same parameters compiled or not; `agent` is what gets saved
-    sample_action_and_value, get_action_and_value = (
-        torch.compile(f) if args.compile else f for f in (agent.sample_action_and_value, agent.get_action_and_value)
-    )
+    policy_step, loss_fn = (torch.compile(f) if args.compile else f for f in (rollout_step, minibatch_loss))
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -599,7 +648,7 @@ def main(args: Args) -> None:
                 obs[step] = next_obs
 
                 with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, value = sample_action_and_value(agent.obs_norm(next_obs))
+                    action, logprob, value = policy_step(agent, next_obs)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -662,47 +711,15 @@ def main(args: Args) -> None:
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    _, newlogprob, entropy, newvalue = get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    mb_logprobs, mb_advantages = b_logprobs[mb_inds], b_advantages[mb_inds]
-                    mb_returns, mb_values = b_returns[mb_inds], b_values[mb_inds]
-                    logratio = newlogprob - mb_logprobs
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                    minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    loss, mb_stats = loss_fn(agent, args, *(x[mb_inds] for x in minibatch))
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(
-                        torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
-                    )
+                    stats.append(mb_stats)
 
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)

@@ -11,6 +11,7 @@ it acted. `--mask-velocity` hides the velocities (observation `[x, theta]`): the
     python ppo_fsmn_cartpole.py                       # CartPole-v1, solved on the CPU in about a minute
     python ppo_fsmn_cartpole.py --mask-velocity       # partially observable CartPole
     python ppo_fsmn_cartpole.py --eval-checkpoint runs/<run>/checkpoint.pt
+    python ppo_fsmn_cartpole.py --compile             # torch.compile the rollout step and the minibatch loss
 
 Defaults, chosen to learn fast in environment steps: 8 envs x 64 steps (batch 512), 4 minibatches of 2 whole
 env sequences, 10 epochs, learning rate 1e-3 annealed, gamma 0.99, lambda 0.95, no entropy bonus, 2 blocks of

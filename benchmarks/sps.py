@@ -1,6 +1,6 @@
 """Throughput of a script against its peer at equal settings, run alternately in one command.
 
-    python benchmarks/sps.py --pair fsmn-cartpole --repeats 7      # eager and --compile
+    python benchmarks/sps.py --pair fsmn-cartpole --repeats 7      # eager and --compile (also continuous-halfcheetah)
     python benchmarks/sps.py --pair atari-pong --repeats 3          # and atari-pong-bf16
     python benchmarks/sps.py --pair transformer-pong --repeats 3    # ppo_transformer_pong.py against ppo_atari.py
     python benchmarks/sps.py --pair atari-pong-gpu --repeats 1      # on a GPU: eager, --cudagraphs, --compile, ...
@@ -44,6 +44,7 @@ PAIRS = {
     ),
     "continuous-halfcheetah": dict(
         script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress"],
+        variants={"eager": [], "--compile": ["--compile"]},
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "HalfCheetah-v5", "--num-envs", "8", "--num-steps", "256"]
         + ["--batch-size", "256", "--epochs", "10", "--normalize"],
         total_timesteps=20_480,

@@ -231,6 +231,23 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
 
 
+def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
+    """--compile: the compiled minibatch loss equals the eager one (1e-5), the loss and every statistic but the
+    entropy estimate, whose noise inductor draws from its own generator; and a compiled run replays its rollout (KL 0
+    at a learning rate of 0), so the compiled rollout step and the compiled loss agree on log-probabilities."""
+    torch.manual_seed(0)
+    agent, args = p.Agent(3, gym.spaces.Box(-2.0, 2.0, (2,)), p.Args()), p.Args()
+    with torch.no_grad():
+        agent.actor_mean.weight.normal_()
+    minibatch = (torch.randn(16, 3), torch.randn(16, 2), -torch.rand(16), torch.randn(16), torch.randn(16), torch.randn(16))
+    eager_loss, eager_stats = p.minibatch_loss(agent, args, *minibatch)
+    compiled_loss, compiled_stats = torch.compile(p.minibatch_loss)(agent, args, *minibatch)
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
+    not_entropy = [0, 1, 3, 4, 5, 6]
+    torch.testing.assert_close(compiled_stats[not_entropy], eager_stats[not_entropy], atol=1e-5, rtol=1e-5)
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
+
+
 def test_the_rollout_sample_is_the_update_distribution():
     """sample_action_and_value (the rollout's call) draws u from the same Gaussian and gives the same log-prob and
     value as get_action_and_value (the update's) for that u."""
