@@ -300,7 +300,10 @@ class Agent(nn.Module):
 
     def forward(self, obs: torch.Tensor, memory_format: torch.memory_format) -> tuple[torch.Tensor, torch.Tensor]:
         """obs: (B, 4, 84, 84) uint8 -> logits (B, A) and values (B,), float32 even under autocast."""
-        x = obs.contiguous(memory_format=memory_format).float() / 255.0  # the layout of the uint8 frames carries over
+        # straight to the autocast dtype, scaled in place: one frame-sized allocation (each is a fresh mmap here)
+        device = obs.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+        x = obs.contiguous(memory_format=memory_format).to(dtype).div_(255.0)  # the layout of the uint8 frames carries over
         hidden = self.network(x)
         return self.actor(hidden).float(), self.critic(hidden).squeeze(-1).float()
 

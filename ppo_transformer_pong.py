@@ -394,7 +394,10 @@ class Agent(nn.Module):
 
     def encode(self, frames: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
         """frames: (N, 1, 84, 84) uint8 -> tokens (N, D)."""
-        return self.encoder(frames.contiguous(memory_format=memory_format).float() / 255.0)
+        # straight to the autocast dtype, scaled in place: one frame-sized allocation (each is a fresh mmap here)
+        device = frames.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+        return self.encoder(frames.contiguous(memory_format=memory_format).to(dtype).div_(255.0))
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.norm(x)

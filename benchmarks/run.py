@@ -70,7 +70,7 @@ PRESETS: dict[str, dict] = {
     ),
     "atari-pong": dict(
         configs=[
-            Config("atari_bf16", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--bf16"]),
+            Config("atari_bf16", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--bf16", "--no-channels-last"]),
             Config("atari_fp32", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4"]),
         ],
         extra=["--total-timesteps", "1500000"],

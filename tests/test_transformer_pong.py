@@ -27,13 +27,14 @@ FORMAT = torch.contiguous_format
 
 def random_agent(lookback: int, n_layers: int, n_heads: int, seed: int = 0) -> "p.Agent":
     """A small agent whose distance biases are random (they start at zero, which would hide a wrong distance) and
-    whose actor head has unit-scale weights (not 0.01), so that any difference in the features shows in the logits."""
+    whose actor head has weights of std 1/sqrt(d_model) (not 0.01), so that any difference in the features shows in
+    the logits, which are of unit scale: the tests' absolute 1e-5 is then float32 rounding, not a tenth of it."""
     torch.manual_seed(seed)
     agent = p.Agent(6, p.Args(lookback=lookback, n_layers=n_layers, n_heads=n_heads, d_model=16))
     with torch.no_grad():
         for layer in agent.layers:
             layer.distance_bias.normal_(0.0, 1.0)
-        agent.actor.weight.normal_(0.0, 1.0)
+        agent.actor.weight.normal_(0.0, 16**-0.5)
     return agent
 
 
