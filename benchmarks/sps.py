@@ -1,7 +1,7 @@
 """Throughput of a script against its peer at equal settings, run alternately in one command.
 
     python benchmarks/sps.py --pair fsmn-cartpole --repeats 7      # eager and --compile (also continuous-halfcheetah)
-    python benchmarks/sps.py --pair atari-pong --repeats 3          # and atari-pong-bf16
+    python benchmarks/sps.py --pair atari-pong --repeats 3          # atari-pong-bf16: float32 and --bf16, on bf16 CPUs
     python benchmarks/sps.py --pair transformer-pong --repeats 3    # ppo_transformer_pong.py against ppo_atari.py
     python benchmarks/sps.py --pair atari-pong-gpu --repeats 1      # on a GPU: eager, --cudagraphs, --compile, ...
 
@@ -58,12 +58,17 @@ PAIRS = {
         description="ppo_atari.py (float32, channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
         "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
     ),
-    "atari-pong-bf16": dict(
-        script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress", "--bf16"],
+    "atari-pong-bf16": dict(  # for CPUs with avx512_bf16 or AMX: elsewhere bf16 is emulated, about 10x slower
+        script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        variants={
+            "float32": [],
+            "--bf16 --no-channels-last": ["--bf16", "--no-channels-last"],
+            "--bf16": ["--bf16"],
+        },
         peer=["benchmarks/peers.py", "sb3-ppo-atari", "--env-id", "PongNoFrameskip-v4", "--device", "cpu"],
         total_timesteps=10_240,
-        description="ppo_atari.py --bf16 (channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
-        "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
+        description="ppo_atari.py in float32 (channels-last), and under --bf16 in each layout, vs SB3 PPO CnnPolicy "
+        "with make_atari_env + VecFrameStack, PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
     ),
     "transformer-pong": dict(
         script=["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
