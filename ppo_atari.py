@@ -15,8 +15,9 @@ compute, so the NatureCNN runs in channels-last layout (default) and, with `--bf
 `charts/episodic_return` is the raw score of a whole game (all lives, unclipped), as CleanRL reports it, although
 training sees clipped rewards and a termination at every life lost.
 
-Pong with the defaults, float32, seed 1, on 2 CPU cores: the mean of the last 20 games reaches 0 at 855k steps and
-+18.4 at 1.5M (`python benchmarks/run.py --preset atari-pong --configs atari_fp32`, 109 minutes).
+Pong with the defaults, seed 1, on 2 CPU cores (`python benchmarks/run.py --preset atari-pong`): the mean of the
+last 20 games reaches 0 at 1.25M steps in float32 and 1.08M with --bf16, +8.8 and +2.7 at 1.5M (about 70 and 80
+minutes on a CPU with avx512_bf16; float32 on an AVX2 machine: 0 at 855k, +18.4 at 1.5M).
 
 Measured on 2 CPU cores (AMD EPYC, AVX2): 1.52x the steps/s of SB3's PPO CnnPolicy at equal settings, float32
 (`python benchmarks/sps.py --pair atari-pong`); on an H100, 5.7x SB3 on the same GPU with `--cudagraphs`

@@ -15,9 +15,10 @@ Presets, with their wall time on 2 CPU cores (workers 1); "measured" figures com
 others are estimates from the scripts' measured steps per second on a 2-core AMD EPYC with AVX2 only:
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 8 and 0), plus sb3-contrib RecurrentPPO on
                        the masked task, 5 seeds each, 150k steps: measured 82 minutes (RecurrentPPO is 2/3 of it).
-  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: float32 measured 109
-                       minutes (228 steps/s, partly sharing the CPU), bf16 82 minutes on a CPU with avx512_bf16 (304
-                       steps/s, half an hour of it sharing the CPU); bf16 only where the CPU has bf16 instructions
+  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: on a CPU with avx512_bf16
+                       measured 82 minutes for bf16 (304 steps/s, half an hour of it sharing the CPU) and 69 for
+                       float32 (363 steps/s); float32 on an AVX2 CPU took 109 minutes (228 steps/s, partly sharing the
+                       CPU); bf16 only where the CPU has bf16 instructions
                        (emulated, it is 10x slower); `--configs atari_fp32` for one of them. On a GPU: see below.
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 5.5 minutes (about 60 s a run alone).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
