@@ -4,6 +4,7 @@
     python benchmarks/sps.py --pair atari-pong --repeats 3          # atari-pong-bf16: float32 and --bf16, on bf16 CPUs
     python benchmarks/sps.py --pair transformer-pong --repeats 3    # ppo_transformer_pong.py against ppo_atari.py
     python benchmarks/sps.py --pair atari-pong-gpu --repeats 1      # on a GPU: eager, --cudagraphs, --compile, ...
+    python benchmarks/sps.py --pair transformer-pong-gpu --repeats 1  # on a GPU: the transformer against ppo_atari.py
 
 Each repeat runs the peer, then the script, as separate processes one after the other (never at once: they
 would share the cores). A run's steps per second is measured from its TensorBoard `charts/SPS` events, over the
@@ -77,6 +78,15 @@ PAIRS = {
         description="ppo_transformer_pong.py (lookback 16, 2 layers, d_model 128, one frame per step) vs ppo_atari.py "
         "(NatureCNN on 4 stacked frames), both float32 channels-last, PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, "
         "minibatch 256 (2 env sequences for the transformer)",
+    ),
+    "transformer-pong-gpu": dict(
+        script=["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        variants={"eager": [], "--compile": ["--compile"]},
+        peer=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
+        total_timesteps=30_720,
+        description="ppo_transformer_pong.py (lookback 16, 2 layers, d_model 128, one frame per step), eager and "
+        "--compile, vs ppo_atari.py (NatureCNN on 4 stacked frames, eager), on the GPU, float32 channels-last, "
+        "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256 (2 env sequences for the transformer)",
     ),
     "atari-pong-gpu": dict(
         script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],

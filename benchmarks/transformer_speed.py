@@ -2,6 +2,7 @@
 
     python benchmarks/transformer_speed.py              # writes benchmarks/results/transformer_speed.md
     python benchmarks/transformer_speed.py --compile    # the per-step comparison with both sides torch.compile'd
+    python benchmarks/transformer_speed.py --cuda       # on the GPU: writes benchmarks/results/transformer_speed_gpu.md
 
 - Per-step inference (the rollout's policy step, 8 envs, no grad), at lookback 16, 64 and 256:
   - cached: the script's `Agent.step`: the new frame's token, its query/key/value, attention to the cached keys;
@@ -22,6 +23,8 @@ round after round (so that the machine's slow and fast spells fall on all of the
 With --compile (the script's --compile compiles `Agent.step` the same way), the cached step and the recompute are
 each one torch.compile'd function (the warm-up calls compile them); re-encoding stays eager, and the update
 comparison is left out. Written to benchmarks/results/transformer_speed_compiled.md.
+With --cuda everything runs on the GPU with PyTorch's default precision settings, as the script does; each timed call
+ends with a synchronize.
 """
 
 import os
@@ -58,6 +61,14 @@ class Args:
     the update comparison runs a quarter of it, at least 3 (per-sample windows in every 3rd)"""
     compile: bool = False
     """compile the cached step and the recompute (per-step comparison only)"""
+    cuda: bool = False
+    """run on the GPU (results in transformer_speed_gpu.md, or transformer_speed_gpu_compiled.md with --compile)"""
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a timed call is the work, not its launch."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def median_times(fns: dict, rounds: int, every: dict | None = None, warmup: int = 3) -> dict[str, float]:
@@ -71,8 +82,10 @@ def median_times(fns: dict, rounds: int, every: dict | None = None, warmup: int 
     for round_ in range(rounds):
         for name, fn in fns.items():
             if round_ % every.get(name, 1) == 0:
+                synchronize()
                 start = time.perf_counter()
                 fn()
+                synchronize()
                 times[name].append(time.perf_counter() - start)
     return {name: float(np.median(t)) for name, t in times.items()}
 
@@ -94,16 +107,15 @@ def transformer_over_windows(agent, tokens: torch.Tensor, visible: torch.Tensor,
     return x[:, -1]
 
 
-def step_figures(lookback: int, args: Args) -> dict[str, float]:
+def step_figures(lookback: int, args: Args, device: torch.device) -> dict[str, float]:
     torch.manual_seed(0)
-    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(memory_format=FORMAT)
-    device = torch.device("cpu")
-    frames = torch.randint(0, 256, (args.num_envs, 1, 84, 84), dtype=torch.uint8)
-    window_frames = torch.randint(0, 256, (args.num_envs, lookback + 1, 1, 84, 84), dtype=torch.uint8)
-    starts = torch.zeros(args.num_envs, dtype=torch.bool)
+    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(device, memory_format=FORMAT)
+    frames = torch.randint(0, 256, (args.num_envs, 1, 84, 84), dtype=torch.uint8, device=device)
+    window_frames = torch.randint(0, 256, (args.num_envs, lookback + 1, 1, 84, 84), dtype=torch.uint8, device=device)
+    starts = torch.zeros(args.num_envs, dtype=torch.bool, device=device)
     kv, valid, slot = agent.initial_memory(args.num_envs, device)
     valid[:] = True  # a full cache: the steady state deep into an episode
-    tokens = torch.randn(args.num_envs, lookback, agent.d_model)
+    tokens = torch.randn(args.num_envs, lookback, agent.d_model, device=device)
     visible, distance = window_masks(lookback, device)
 
     @torch.no_grad()
@@ -132,26 +144,26 @@ def ppo_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor) 
     """The script's loss shape on made-up targets (what is timed is the network's forward and backward)."""
     probs = torch.distributions.Categorical(logits=logits)
     ratio = (probs.log_prob(actions) - np.log(1.0 / N_ACTIONS)).exp()
-    advantages = torch.linspace(-1, 1, ratio.shape[0])
+    advantages = torch.linspace(-1, 1, ratio.shape[0], device=ratio.device)
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.9, 1.1)).mean()
     return pg_loss + 0.5 * (values**2).mean() - 0.01 * probs.entropy().mean()
 
 
-def update_figures(lookback: int, args: Args) -> dict[str, float]:
+def update_figures(lookback: int, args: Args, device: torch.device) -> dict[str, float]:
     torch.manual_seed(0)
-    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(memory_format=FORMAT)
+    agent = p.Agent(N_ACTIONS, p.Args(lookback=lookback)).to(device, memory_format=FORMAT)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-9, eps=1e-5, fused=True)
-    device = torch.device("cpu")
     T, B, W = args.num_steps, args.envs_per_minibatch, lookback
-    frames = torch.randint(0, 256, (W + T, B, 1, 84, 84), dtype=torch.uint8)  # W frames before the rollout, then T
-    starts = torch.zeros(T, B, dtype=torch.bool)
-    actions = torch.randint(0, N_ACTIONS, (T * B,))
+    # W frames before the rollout, then T
+    frames = torch.randint(0, 256, (W + T, B, 1, 84, 84), dtype=torch.uint8, device=device)
+    starts = torch.zeros(T, B, dtype=torch.bool, device=device)
+    actions = torch.randint(0, N_ACTIONS, (T * B,), device=device)
     kv, valid, slot = agent.initial_memory(B, device)
     with torch.no_grad():  # the cache at the rollout's start, from the W frames before it
         for t in range(W):
             _, _, kv, valid, slot = agent.step(frames[t], kv, valid, slot, starts[0], FORMAT)
     visible, distance = window_masks(W, device)
-    windows = torch.arange(T).unsqueeze(1) + torch.arange(W + 1).unsqueeze(0)  # (T, W+1): frame indices of each window
+    windows = torch.arange(T, device=device).unsqueeze(1) + torch.arange(W + 1, device=device).unsqueeze(0)  # (T, W+1)
 
     def gradient_step(logits: torch.Tensor, values: torch.Tensor) -> None:
         optimizer.zero_grad()
@@ -184,14 +196,18 @@ def update_figures(lookback: int, args: Args) -> dict[str, float]:
 
 def main(args: Args) -> None:
     torch.set_grad_enabled(True)
-    name = "transformer_speed_compiled" if args.compile else "transformer_speed"
+    if args.cuda and not torch.cuda.is_available():
+        raise SystemExit("error: --cuda: no CUDA device is available (leave --cuda out to run on the CPU)")
+    device = torch.device("cuda" if args.cuda else "cpu")
+    flags = (" --cuda" if args.cuda else "") + (" --compile" if args.compile else "")
+    name = "transformer_speed" + ("_gpu" if args.cuda else "") + ("_compiled" if args.compile else "")
     lines = [
         "# ppo_transformer_pong.py: KV cache and windowed attention against recomputation"
         + (", compiled" if args.compile else ""),
         "",
-        f"Machine: {machine()}. Generated by `python benchmarks/transformer_speed.py{' --compile' if args.compile else ''}` "
-        "(float32, channels-last, the script's default network: d_model 128, 2 layers, 4 heads). Median wall time of "
-        "repeated calls in one process, the functions compared called in turn."
+        f"Machine: {machine()}. Generated by `python benchmarks/transformer_speed.py{flags}` "
+        f"(on the {'GPU' if args.cuda else 'CPU'}, float32, channels-last, the script's default network: d_model 128, "
+        "2 layers, 4 heads). Median wall time of repeated calls in one process, the functions compared called in turn."
         + (" The cached step and the recompute are each torch.compile'd; re-encoding is eager." if args.compile else ""),
         "",
         f"## Per-step inference ({args.num_envs} envs, no grad)",
@@ -200,7 +216,7 @@ def main(args: Args) -> None:
         "|---|---|---|---|---|---|",
     ]
     for lookback in args.step_lookbacks:
-        f = step_figures(lookback, args)
+        f = step_figures(lookback, args, device)
         row = (
             f"| {lookback} | {1e3 * f['cached']:.2f} | {1e3 * f['recompute window']:.2f} | "
             f"{1e3 * f['re-encode window']:.1f} | **{f['recompute window'] / f['cached']:.1f}x** | "
@@ -217,15 +233,15 @@ def main(args: Args) -> None:
         f"## One update ({args.envs_per_minibatch} env sequences x {args.num_steps} steps = "
         f"{args.envs_per_minibatch * args.num_steps} samples: forward, loss, backward, Adam)",
         "",
-        "| lookback | windowed one pass (s) | per-sample windows (s) | per-sample windows over tokens (s) | "
+        "| lookback | windowed one pass (ms) | per-sample windows (ms) | per-sample windows over tokens (ms) | "
         "per-sample / windowed | over tokens / windowed |",
         "|---|---|---|---|---|---|",
     ]
     for lookback in args.update_lookbacks:
-        f = update_figures(lookback, args)
+        f = update_figures(lookback, args, device)
         row = (
-            f"| {lookback} | {f['windowed one pass']:.3f} | {f['per-sample windows']:.2f} | "
-            f"{f['per-sample windows over tokens']:.3f} | **{f['per-sample windows'] / f['windowed one pass']:.1f}x** | "
+            f"| {lookback} | {1e3 * f['windowed one pass']:.1f} | {1e3 * f['per-sample windows']:.0f} | "
+            f"{1e3 * f['per-sample windows over tokens']:.1f} | **{f['per-sample windows'] / f['windowed one pass']:.1f}x** | "
             f"{f['per-sample windows over tokens'] / f['windowed one pass']:.1f}x |"
         )
         lines.append(row)
