@@ -24,8 +24,12 @@ final observation, normalised with the same statistics; terminated steps do not.
     python ppo_continuous.py                          # Pendulum-v1, defaults tuned to learn it in 200k steps
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000 --num-envs 1 --num-steps 2048 \
         --gamma 0.99 --learning-rate 3e-4 --num-minibatches 32    # CleanRL's MuJoCo settings (not tuned here)
+    python ppo_continuous.py --env-id BipedalWalker-v3 --total-timesteps 5000000 --num-envs 32 --num-steps 2048 \
+        --num-minibatches 1024 --gamma 0.999 --learning-rate 2.5e-4 --clip-coef 0.18 --ent-coef 0 --compile \
+        --async-envs                                  # the rl-baselines3-zoo's BipedalWalker settings
     python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
+    python ppo_continuous.py --async-envs             # each env steps in its own worker process
 
 Defaults, tuned for Pendulum-v1: 8 envs x 256 steps (batch 2048), 8 minibatches of 256 samples, 10 epochs,
 learning rate 1e-3 annealed, gamma 0.95 (a short horizon suits Pendulum's dense reward; the SB3 zoo uses 0.9),
@@ -97,6 +101,9 @@ class Args:
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel game environments"""
+    async_envs: bool = False
+    """step each env in its own worker process (gymnasium's AsyncVectorEnv) instead of one after the other in this
+    one: faster where an env step costs more than the round trip through a pipe (BipedalWalker), not for MuJoCo's"""
     num_steps: int = 256
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -190,8 +197,10 @@ class Args:
         self.num_iterations = max(1, self.total_timesteps // self.batch_size)
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
+def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, in_worker: bool = False):
     def thunk():
+        if in_worker:  # an AsyncVectorEnv worker process: Ctrl-C is the main process's, which then closes the workers
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
@@ -575,8 +584,10 @@ def main(args: Args) -> None:
     # ALGO LOGIC: env setup, agent and optimizer
     # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
     # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
+    # the envs step in this process one after the other, or with --async-envs each in its own worker process
+    vector_env = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
+    envs = vector_env(
+        [make_env(args.env_id, i, args.capture_video, run_name, args.async_envs) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)

@@ -3,8 +3,10 @@
 import glob
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -143,3 +145,36 @@ def assert_same_seed_same_losses(script, **args) -> None:
     assert len(first) == 9
     assert first == second
     assert first != other
+
+
+def assert_ctrl_c_keeps_logs_and_a_checkpoint(script: str, flags: list[str], cwd: str) -> None:
+    """Start a long run of `script`, wait until it has logged an iteration, then press Ctrl-C as a terminal does (SIGINT
+    to its whole process group, worker processes included): it exits cleanly, with its logs and the checkpoint of its
+    last complete iteration."""
+    flags = [*flags, "--total-timesteps", "10000000", "--save-model", "--save-interval", "1000"]
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, script), *flags],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until at least one iteration has been logged
+        events = glob.glob(os.path.join(cwd, "runs", "*", "events.*"))
+        if events and "charts/SPS" in read_scalars(os.path.dirname(events[0])):
+            break
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # never leave a training run behind to compete with the rest of the suite
+        raise
+    assert process.returncode == 0, stderr
+    assert "interrupted during iteration" in stdout
+    (run_dir,) = run_dirs(cwd)
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert checkpoint["iteration"] >= 1
+    assert len(read_scalars(run_dir)["charts/SPS"]) >= checkpoint["iteration"]

@@ -12,6 +12,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
@@ -386,6 +387,26 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+def test_async_envs_run_exactly_as_sync_envs(tmp_path):
+    """--async-envs steps the same seeded envs in worker processes: the same episodes and losses, bit for bit."""
+    flags = [*TINY, "--env-id", "BipedalWalker-v3", "--num-steps", "64", "--total-timesteps", "512"]
+    scalars = []
+    for name, extra in (("sync", []), ("async", ["--async-envs"])):
+        result = run_script(SCRIPT, *flags, *extra, "--exp-name", name, cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = glob.glob(os.path.join(tmp_path, "runs", f"*__{name}__*"))
+        scalars.append({tag: values for tag, values in read_scalars(run_dir).items() if tag != "charts/SPS"})
+    assert EPISODE_TAGS <= set(scalars[0]) and len(scalars[0]["losses/value_loss"]) == 4
+    assert scalars[0] == scalars[1]
+
+
+@pytest.mark.smoke
+def test_ctrl_c_with_async_envs_keeps_logs_and_a_checkpoint(tmp_path):
+    flags = [*TINY, "--env-id", "BipedalWalker-v3", "--num-steps", "64", "--async-envs"]
+    assert_ctrl_c_keeps_logs_and_a_checkpoint(SCRIPT, flags, str(tmp_path))
 
 
 @pytest.mark.smoke

@@ -2,10 +2,6 @@
 
 import glob
 import os
-import signal
-import subprocess
-import sys
-import time
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -15,7 +11,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
-    ROOT,
+    assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
@@ -388,32 +384,7 @@ def test_capture_video_writes_an_mp4(tmp_path):
 
 @pytest.mark.smoke
 def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
-    flags = [*TINY, "--total-timesteps", "10000000", "--save-model", "--save-interval", "1000"]
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, SCRIPT), *flags],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until at least one iteration has been logged
-        events = glob.glob(os.path.join(tmp_path, "runs", "*", "events.*"))
-        if events and "charts/SPS" in read_scalars(os.path.dirname(events[0])):
-            break
-        time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
-    try:
-        stdout, stderr = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()  # never leave a training run behind to compete with the rest of the suite
-        raise
-    assert process.returncode == 0, stderr
-    assert "interrupted during iteration" in stdout
-    (run_dir,) = run_dirs(str(tmp_path))
-    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
-    assert checkpoint["iteration"] >= 1
-    assert len(read_scalars(run_dir)["charts/SPS"]) >= checkpoint["iteration"]
+    assert_ctrl_c_keeps_logs_and_a_checkpoint(SCRIPT, TINY, str(tmp_path))
 
 
 @pytest.mark.parametrize(
