@@ -55,7 +55,7 @@ MUJOCO_FLAGS = ["--gamma", "0.99", "--learning-rate", "3e-4", "--num-minibatches
 # the final checkpoint is kept for a deterministic evaluation (--eval-checkpoint), as the zoo scores its agents
 BIPEDAL_FLAGS = ["--num-envs", "32", "--num-steps", "2048", "--num-minibatches", "1024", "--update-epochs", "10"]
 BIPEDAL_FLAGS += ["--gamma", "0.999", "--learning-rate", "2.5e-4", "--clip-coef", "0.18", "--ent-coef", "0", "--compile"]
-BIPEDAL_FLAGS += ["--async-envs", "--save-model"]
+BIPEDAL_FLAGS += ["--save-model"]
 
 
 @dataclass
