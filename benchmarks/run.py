@@ -25,8 +25,8 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        (gamma 0.99, lr 3e-4, minibatches of 64; the defaults are tuned for Pendulum): about 1100
                        steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, with the rl-baselines3-zoo's PPO settings (32 envs x 2048
-                       steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18) and --compile: about
-                       1900 steps/s on a 2-core AMD EPYC with avx512_bf16, 45 minutes a run, 2 h 15 for the 3.
+                       steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18) and --compile: measured
+                       46 and 39 minutes a run (1808 and 2150 steps/s) on a 2-core AMD EPYC with avx512_bf16.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
