@@ -45,10 +45,14 @@ PAIRS = {
     ),
     "continuous-halfcheetah": dict(
         script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress"],
-        variants={"eager": [], "--compile": ["--compile"]},
+        variants={
+            "eager": [],
+            "--compile": ["--compile"],
+            "--compile --rollout-threads 0": ["--compile", "--rollout-threads", "0"],
+        },
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "HalfCheetah-v5", "--num-envs", "8", "--num-steps", "256"]
         + ["--batch-size", "256", "--epochs", "10", "--normalize"],
-        total_timesteps=20_480,
+        total_timesteps=81_920,  # compiled runs: a window of about 15 s after the burn-in, not 3
         description="ppo_continuous.py (64x64 tanh actor and critic) vs SB3 PPO MlpPolicy (the same) with VecNormalize, "
         "HalfCheetah-v5, 8 envs x 256 steps, 10 epochs, minibatch 256",
     ),

@@ -249,6 +249,31 @@ def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, mon
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
 
 
+def test_the_rollout_runs_on_rollout_threads_and_the_update_on_all(in_tmp, monkeypatch):
+    """--rollout-threads: every rollout step runs on that many torch CPU threads, every minibatch on the count the
+    run started with (here 3, so neither is the default); 0 leaves the rollout on the update's count."""
+    seen = []
+    for name in ("rollout_step", "minibatch_loss"):
+        original = getattr(p, name)
+
+        def spy(*inputs, original=original, name=name):
+            seen.append((name, torch.get_num_threads()))
+            return original(*inputs)
+
+        monkeypatch.setattr(p, name, spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        for rollout_threads, expected in ((2, 2), (0, 3)):
+            seen.clear()
+            args = dict(num_envs=2, num_steps=16, total_timesteps=64, num_minibatches=2, progress=False)
+            p.main(p.Args(**args, rollout_threads=rollout_threads))
+            assert set(seen) == {("rollout_step", expected), ("minibatch_loss", 3)}
+            assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_rollout_sample_is_the_update_distribution():
     """sample_action_and_value (the rollout's call) draws u from the same Gaussian and gives the same log-prob and
     value as get_action_and_value (the update's) for that u."""
@@ -426,6 +451,7 @@ def test_capture_video_writes_an_mp4(tmp_path):
         (["--log-std-min", "1", "--log-std-max", "0"], ["--log-std-min=1.0", "--log-std-max=0.0"]),
         (["--actor-hidden-sizes", "64", "0"], ["--actor-hidden-sizes=(64, 0)"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
+        (["--rollout-threads", "-1"], ["--rollout-threads=-1", "0"]),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
