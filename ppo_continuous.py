@@ -155,9 +155,9 @@ class Args:
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     rollout_threads: int = 1
-    """torch's CPU threads during the rollout (the update uses all of them): a forward at batch num_envs is too small
-    to split, and a second thread left spinning after it slows the env stepping beside it (HalfCheetah: 1.27x the
-    steps/s of the update's thread count); 0 keeps the update's count"""
+    """torch's CPU threads during the rollout (the update uses all of them): a forward at batch num_envs gains little
+    from a second thread, and that thread, left spinning after it, slows the env stepping beside it (HalfCheetah on
+    2 cores, --compile: 1.19x the steps/s of the update's count); 0 keeps the update's count"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
