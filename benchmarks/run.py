@@ -26,8 +26,9 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, two configs: `zoo`, the rl-baselines3-zoo's PPO settings
                        (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18), and
-                       `gamma0.99`, the same with gamma 0.99; --compile: measured 39-46 minutes a run (1808-2150
-                       steps/s) on a 2-core AMD EPYC with avx512_bf16. `--configs gamma0.99` for one of them.
+                       `gamma0.99`, the same with gamma 0.99; --compile: measured 39-46 minutes a run (1808-2122
+                       steps/s) before --rollout-threads, 35-36 minutes (2331-2376 steps/s) with it, on a 2-core AMD
+                       EPYC with avx512_bf16. `--configs gamma0.99` for one of them.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
