@@ -370,10 +370,11 @@ def squashed_entropy(
     return (gaussian_entropy + tanh_log_abs_det(u) + torch.log((high - low) / 2.0)).sum(-1)
 
 
-def rollout_step(agent: Agent, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rollout_step(agent: Agent, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One rollout step's inference: raw obs (B, obs_dim) seen through the frozen observation statistics -> pre-squash
-    samples u (B, A), their exact log-probabilities and values."""
-    return agent.sample_action_and_value(agent.obs_norm(obs))
+    samples u (B, A), their exact log-probabilities, values and the env actions squash_action(u) (B, A), in bounds."""
+    u, logprob, value = agent.sample_action_and_value(agent.obs_norm(obs))
+    return u, logprob, value, squash_action(u, agent.action_low, agent.action_high)
 
 
 def minibatch_loss(
@@ -667,12 +668,11 @@ def main(args: Args) -> None:
                 obs[step] = next_obs
 
                 with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, value = policy_step(agent, next_obs)
+                    action, logprob, value, env_action = policy_step(agent, next_obs)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
 
-                env_action = squash_action(action, agent.action_low, agent.action_high)  # (num_envs, A), in bounds
                 next_obs_np, reward, termination, truncation, infos = envs.step(env_action.cpu().numpy())
                 rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
                 if truncation.any():

@@ -55,8 +55,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MUJOCO_FLAGS = ["--gamma", "0.99", "--learning-rate", "3e-4", "--num-minibatches", "32"]  # CleanRL's MuJoCo settings
 # the rl-baselines3-zoo's PPO settings for BipedalWalker-v3: 32 envs x 2048 steps, minibatches of 64, 10 epochs;
 # the final checkpoint is kept for a deterministic evaluation (--eval-checkpoint), as the zoo scores its agents
-BIPEDAL_FLAGS = ["--num-envs", "32", "--num-steps", "2048", "--num-minibatches", "1024", "--update-epochs", "10"]
-BIPEDAL_FLAGS += ["--learning-rate", "2.5e-4", "--clip-coef", "0.18", "--ent-coef", "0", "--compile", "--save-model"]
+BIPEDAL_FLAGS = ["--num-envs", "32", "--update-epochs", "10", "--learning-rate", "2.5e-4", "--clip-coef", "0.18"]
+BIPEDAL_FLAGS += ["--ent-coef", "0", "--compile", "--save-model"]
+BIPEDAL = ["ppo_continuous.py", "--env-id", "BipedalWalker-v3", *BIPEDAL_FLAGS]
+ZOO_ROLLOUT = ["--num-steps", "2048", "--num-minibatches", "1024"]  # 65,536 steps an update, minibatches of 64
 
 
 @dataclass
@@ -105,8 +107,12 @@ PRESETS: dict[str, dict] = {
     ),
     "continuous-bipedal": dict(
         configs=[
-            Config("zoo", ["ppo_continuous.py", "--env-id", "BipedalWalker-v3", *BIPEDAL_FLAGS, "--gamma", "0.999"]),
-            Config("gamma0.99", ["ppo_continuous.py", "--env-id", "BipedalWalker-v3", *BIPEDAL_FLAGS, "--gamma", "0.99"]),
+            Config("zoo", [*BIPEDAL, *ZOO_ROLLOUT, "--gamma", "0.999"]),
+            Config("gamma0.99", [*BIPEDAL, *ZOO_ROLLOUT, "--gamma", "0.99"]),
+            Config(
+                "steps1024",  # half the rollout: twice the updates for the same samples and gradient steps
+                [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.99"],
+            ),
         ],
         extra=["--total-timesteps", "5000000"],
         seeds=[1, 2, 3],

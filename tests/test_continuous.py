@@ -290,6 +290,29 @@ def test_the_rollout_sample_is_the_update_distribution():
     torch.testing.assert_close(value, value_ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_the_rollout_step_gives_the_env_the_squash_of_its_own_sample(compile):
+    """rollout_step returns the env action (squashed inside the compiled graph under --compile): exactly
+    squash_action of the u it stores, in the bounds, for the sample drawn from the normalised observation."""
+    low, high = np.array([-2.0, 0.0, -1.0], dtype=np.float32), np.array([2.0, 3.0, -0.5], dtype=np.float32)
+    agent = p.Agent(4, gym.spaces.Box(low, high), p.Args())
+    with torch.no_grad():
+        agent.actor_mean.weight.normal_(std=5.0)
+        agent.obs_norm.mean.fill_(1.0)
+    obs = torch.randn(64, 4)
+    step = torch.compile(p.rollout_step) if compile else p.rollout_step
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        u, logprob, value, env_action = step(agent, obs)
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        u_ref, logprob_ref, value_ref = agent.sample_action_and_value(agent.obs_norm(obs))
+    torch.testing.assert_close(env_action, p.squash_action(u, agent.action_low, agent.action_high), rtol=0, atol=1e-6)
+    assert (env_action >= agent.action_low).all() and (env_action <= agent.action_high).all()
+    if not compile:  # inductor draws its own random stream
+        torch.testing.assert_close((u, logprob, value), (u_ref, logprob_ref, value_ref), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # GAE and truncations
 
