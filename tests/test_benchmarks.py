@@ -72,6 +72,21 @@ def test_runner_runs_skips_and_resumes(tmp_path):
     assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
 
 
+def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):
+    """--workers N: each local run gets OMP_NUM_THREADS = cores // N (at least 1), and torch in it that many threads;
+    one worker, or OMP_NUM_THREADS already set, leaves the runs' own defaults."""
+    import run
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert [run.threads_per_run(w) for w in (1, 2, 3, 8, 16)] == [None, 4, 2, 1, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert run.threads_per_run(2) is None
+    (tmp_path / "show.py").write_text("import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
+    code, output, _ = run.execute(["show.py"], repo=str(tmp_path), threads=1)
+    assert code == 0 and output.split("\n")[1] == "1 1", output
+
+
 @pytest.mark.smoke
 def test_runner_on_a_local_ray_instance(tmp_path):
     flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--backend", "ray"]
