@@ -24,11 +24,14 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64; the defaults are tuned for Pendulum): about 1100
                        steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
-  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, two configs: `zoo`, the rl-baselines3-zoo's PPO settings
-                       (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18), and
-                       `gamma0.99`, the same with gamma 0.99; --compile: measured 39-46 minutes a run (1808-2122
-                       steps/s) before --rollout-threads, 35-36 minutes (2331-2376 steps/s) with it, on a 2-core AMD
-                       EPYC with avx512_bf16. `--configs gamma0.99` for one of them.
+  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, four configs: `zoo`, the rl-baselines3-zoo's PPO settings
+                       (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18),
+                       `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps
+                       (twice the updates, the same minibatches), and `steps1024_gamma0.995`; --compile: measured
+                       39-46 minutes a run (1808-2122 steps/s) before --rollout-threads, 35-36 minutes (2331-2376
+                       steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16; `--workers 3` ran
+                       the three seeds of `steps1024` side by side, one thread each, in about 55 minutes of their own
+                       (about 1000-1500 steps/s each). `--configs steps1024` for one of them.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
@@ -112,6 +115,10 @@ PRESETS: dict[str, dict] = {
             Config(
                 "steps1024",  # half the rollout: twice the updates for the same samples and gradient steps
                 [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.99"],
+            ),
+            Config(  # between the zoo's gamma (never fell, slower gait) and 0.99 (faster gait, some falls)
+                "steps1024_gamma0.995",
+                [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.995"],
             ),
         ],
         extra=["--total-timesteps", "5000000"],
