@@ -29,9 +29,10 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps
                        (twice the updates, the same minibatches), and `steps1024_gamma0.995`; --compile: measured
                        39-46 minutes a run (1808-2122 steps/s) before --rollout-threads, 35-36 minutes (2331-2376
-                       steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16; `--workers 3` ran
-                       the three seeds of `steps1024` side by side, one thread each, in about 55 minutes of their own
-                       (about 1000-1500 steps/s each). `--configs steps1024` for one of them.
+                       steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16. Side by side, one
+                       thread each, runs make more of 2 cores: the seeds of `steps1024`, three at a time, took 68
+                       minutes of wall time (seeds 2 and 3, about 13 of them paused for benchmarks). `--workers 3`
+                       runs the seeds of a config at once; `--configs steps1024` for one of the configs.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
 On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
