@@ -212,9 +212,19 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, in_worke
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
-        return env
+        return DropStepInfo(env)
 
     return thunk
+
+
+class DropStepInfo(gym.Wrapper):
+    """An env whose steps return an empty info: the script reads no env's own step info (HalfCheetah's x_position,
+    reward_ctrl, ...), and the vector env would merge each key of it across the envs at every step (on 8 HalfCheetahs:
+    434 against 398 us a vector step). The vector env still adds final_obs, RecordEpisodeStatistics the episode."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
 
 
 def check_env_args(env_id: str) -> None:
@@ -421,6 +431,12 @@ def minibatch_loss(
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
+def minibatch_loss_at(agent: Agent, args: Args, mb_inds: torch.Tensor, *batch: torch.Tensor):
+    """minibatch_loss of the samples mb_inds of the flat batch (b_obs, b_actions, ...): compiled, the gather is part
+    of the graph (one kernel, not an indexing call per tensor)."""
+    return minibatch_loss(agent, args, *(x[mb_inds] for x in batch))
+
+
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -603,7 +619,12 @@ def main(args: Args) -> None:
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # the same parameters compiled or not; `agent` is what gets saved
-    policy_step, loss_fn = (torch.compile(f) if args.compile else f for f in (rollout_step, minibatch_loss))
+    # on the CPU inductor's C++ wrapper calls a graph's kernels without Python in between (a rollout step at 8 envs:
+    # 65 against 83 us); it takes longer to compile
+    options = {"cpp_wrapper": device.type == "cpu"}
+    policy_step, loss_fn = (
+        torch.compile(f, options=options) if args.compile else f for f in (rollout_step, minibatch_loss_at)
+    )
     update_threads = torch.get_num_threads()  # the update's CPU threads; the rollout runs on --rollout-threads
 
     # TRY NOT TO MODIFY: resume
@@ -732,8 +753,8 @@ def main(args: Args) -> None:
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
-                    loss, mb_stats = loss_fn(agent, args, *(x[mb_inds] for x in minibatch))
+                    batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    loss, mb_stats = loss_fn(agent, args, mb_inds, *batch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

@@ -317,6 +317,31 @@ def test_the_rollout_step_gives_the_env_the_squash_of_its_own_sample(compile):
 # GAE and truncations
 
 
+def test_the_envs_step_as_gymnasium_makes_them_but_with_an_empty_info():
+    """make_env's DropStepInfo: the same observations, rewards and flags as the env gym.make gives, step for step (to
+    a truncation), and no step info; the vector env still reports final observations and episode statistics."""
+    env, plain = p.make_env("HalfCheetah-v5", 1, False, "unused")(), gym.make("HalfCheetah-v5", max_episode_steps=30)
+    env = gym.wrappers.TimeLimit(env, 30)
+    np.testing.assert_array_equal(env.reset(seed=3)[0], plain.reset(seed=3)[0])
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        action = rng.uniform(-1, 1, 6).astype(np.float32)
+        (*ours, info), (*theirs, plain_info) = env.step(action), plain.step(action)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_array_equal(a, b)
+        assert info == {} and "x_velocity" in plain_info
+    assert ours[3] and not ours[2]  # truncated at 30 steps
+    envs = gym.vector.SyncVectorEnv(
+        [p.make_env("Pendulum-v1", i, False, "unused") for i in range(2)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs.reset(seed=0)
+    for t in range(200):
+        *_, truncation, infos = envs.step(np.zeros((2, 1), dtype=np.float32))
+    assert truncation.all() and len(infos["final_obs"]) == 2 and infos["_episode"].all()
+    assert (infos["episode"]["l"] == 200).all()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_gae_matches_a_plain_loop(seed):
     rng = np.random.default_rng(seed)
