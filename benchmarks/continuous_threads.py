@@ -48,7 +48,8 @@ def main(args: Args) -> None:
     )
     obs, _ = envs.reset(seed=1)
     agent = p.Agent(obs.shape[1], envs.single_action_space, p.Args(env_id=args.env_id))
-    policy_step = torch.compile(p.rollout_step) if args.compile else p.rollout_step
+    options = {"cpp_wrapper": True}  # as the script compiles it on the CPU
+    policy_step = torch.compile(p.rollout_step, options=options) if args.compile else p.rollout_step
     rng = np.random.default_rng(1)
     low, high = envs.action_space.low, envs.action_space.high
 

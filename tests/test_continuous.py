@@ -1,6 +1,7 @@
 """ppo_continuous.py: the tanh-squashed Gaussian against torch.distributions, normalisation that survives a
 checkpoint, GAE and truncations, the CLI on Pendulum, BipedalWalker and HalfCheetah, and learning on Pendulum."""
 
+import functools
 import glob
 import math
 import os
@@ -234,8 +235,9 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
 
 def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
     """--compile: the compiled minibatch loss equals the eager one (1e-5), the loss and every statistic but the
-    entropy estimate, whose noise inductor draws from its own generator; and a compiled run replays its rollout (KL 0
-    at a learning rate of 0), so the compiled rollout step and the compiled loss agree on log-probabilities."""
+    entropy estimate, whose noise inductor draws from its own generator; compiled as the script does (the minibatch
+    gathered inside, inductor's C++ wrapper), the loss and its gradients too; and a compiled run replays its rollout
+    (KL 0 at a learning rate of 0), so the compiled rollout step and the compiled loss agree on log-probabilities."""
     torch.manual_seed(0)
     agent, args = p.Agent(3, gym.spaces.Box(-2.0, 2.0, (2,)), p.Args()), p.Args()
     with torch.no_grad():
@@ -246,6 +248,16 @@ def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, mon
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     not_entropy = [0, 1, 3, 4, 5, 6]
     torch.testing.assert_close(compiled_stats[not_entropy], eager_stats[not_entropy], atol=1e-5, rtol=1e-5)
+    # as the script compiles it on the CPU: the gather inside, inductor's C++ wrapper; the loss and its gradients
+    batch, mb_inds = tuple(torch.cat([x, x.flip(0)]) for x in minibatch), torch.tensor([20, 3, 7, 31, 0, 12])
+    gradients = []
+    for loss_fn in (p.minibatch_loss_at, torch.compile(p.minibatch_loss_at, options={"cpp_wrapper": True})):
+        agent.zero_grad()
+        loss, _ = loss_fn(agent, args, mb_inds, *batch)
+        loss.backward()
+        gradients.append([loss.detach()] + [param.grad.clone() for param in agent.parameters()])
+    for compiled, eager in zip(*gradients[::-1]):
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
 
 
@@ -300,7 +312,7 @@ def test_the_rollout_step_gives_the_env_the_squash_of_its_own_sample(compile):
         agent.actor_mean.weight.normal_(std=5.0)
         agent.obs_norm.mean.fill_(1.0)
     obs = torch.randn(64, 4)
-    step = torch.compile(p.rollout_step) if compile else p.rollout_step
+    step = torch.compile(p.rollout_step, options={"cpp_wrapper": True}) if compile else p.rollout_step  # as the script
     torch.manual_seed(0)
     with torch.inference_mode():
         u, logprob, value, env_action = step(agent, obs)
@@ -315,31 +327,6 @@ def test_the_rollout_step_gives_the_env_the_squash_of_its_own_sample(compile):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # GAE and truncations
-
-
-def test_the_envs_step_as_gymnasium_makes_them_but_with_an_empty_info():
-    """make_env's DropStepInfo: the same observations, rewards and flags as the env gym.make gives, step for step (to
-    a truncation), and no step info; the vector env still reports final observations and episode statistics."""
-    env, plain = p.make_env("HalfCheetah-v5", 1, False, "unused")(), gym.make("HalfCheetah-v5", max_episode_steps=30)
-    env = gym.wrappers.TimeLimit(env, 30)
-    np.testing.assert_array_equal(env.reset(seed=3)[0], plain.reset(seed=3)[0])
-    rng = np.random.default_rng(0)
-    for t in range(30):
-        action = rng.uniform(-1, 1, 6).astype(np.float32)
-        (*ours, info), (*theirs, plain_info) = env.step(action), plain.step(action)
-        for a, b in zip(ours, theirs):
-            np.testing.assert_array_equal(a, b)
-        assert info == {} and "x_velocity" in plain_info
-    assert ours[3] and not ours[2]  # truncated at 30 steps
-    envs = gym.vector.SyncVectorEnv(
-        [p.make_env("Pendulum-v1", i, False, "unused") for i in range(2)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    envs.reset(seed=0)
-    for t in range(200):
-        *_, truncation, infos = envs.step(np.zeros((2, 1), dtype=np.float32))
-    assert truncation.all() and len(infos["final_obs"]) == 2 and infos["_episode"].all()
-    assert (infos["episode"]["l"] == 200).all()
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -412,6 +399,43 @@ def test_same_seed_same_losses(in_tmp):
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatch):
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(p, monkeypatch, num_envs=2, num_steps=32, num_minibatches=2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The envs
+
+
+def test_the_envs_step_as_gymnasium_makes_them_but_with_an_empty_info():
+    """make_env's DropStepInfo: the same observations, rewards and flags as HalfCheetah made by gym.make, step for step
+    up to a truncation, and no step info of the env's own (x_velocity, ...); a vector env of them (in this process and
+    in worker processes) still reports each truncated episode's final observation and statistics."""
+    limit, rng = 30, np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (2 * limit, 2, 6)).astype(np.float32)
+
+    def ours(i, in_worker=False):
+        return lambda: gym.wrappers.TimeLimit(p.make_env("HalfCheetah-v5", i, False, "unused", in_worker)(), limit)
+
+    plain = [gym.make("HalfCheetah-v5", max_episode_steps=limit) for _ in range(2)]
+    vector_envs = [gym.vector.SyncVectorEnv, functools.partial(gym.vector.AsyncVectorEnv, context="fork")]
+    for vector_env, in_worker in zip(vector_envs, (False, True)):
+        envs = vector_env([ours(i, in_worker) for i in range(2)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+        obs, _ = envs.reset(seed=[3, 4])
+        np.testing.assert_array_equal(obs, np.stack([env.reset(seed=s)[0] for env, s in zip(plain, (3, 4))]))
+        for t in range(limit):
+            obs, reward, terminated, truncated, infos = envs.step(actions[t])
+            steps = [env.step(a) for env, a in zip(plain, actions[t])]
+            assert all("x_velocity" in info for *_, info in steps)
+            np.testing.assert_array_equal(reward, [r for _, r, *_ in steps])
+            np.testing.assert_array_equal(terminated, [te for *_, te, _, _ in steps])
+            np.testing.assert_array_equal(truncated, [tr for *_, tr, _ in steps])
+            if t < limit - 1:
+                np.testing.assert_array_equal(obs, np.stack([o for o, *_ in steps]))
+                assert infos == {}  # no step info at all between episode ends
+        assert truncated.all() and infos["_final_obs"].all() and infos["_episode"].all()
+        np.testing.assert_array_equal(np.stack(infos["final_obs"]), np.stack([o for o, *_ in steps]))
+        assert (infos["episode"]["l"] == limit).all() and "x_velocity" not in infos["final_info"]
+        envs.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
