@@ -24,14 +24,17 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64; the defaults are tuned for Pendulum): about 1100
                        steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
-  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, four configs: `zoo`, the rl-baselines3-zoo's PPO settings
+                       `--env-ids Hopper-v5` (with --preset) runs only that env's config.
+  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, five configs: `zoo`, the rl-baselines3-zoo's PPO settings
                        (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18),
                        `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps
-                       (twice the updates, the same minibatches), and `steps1024_gamma0.995`; --compile: measured
+                       (twice the updates, the same minibatches), `steps1024_gamma0.995`, and `steps512` (four times
+                       the zoo's updates); --compile: measured
                        39-46 minutes a run (1808-2122 steps/s) before --rollout-threads, 35-36 minutes (2331-2376
                        steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16. Side by side, one
                        thread each, runs make more of 2 cores: the seeds of `steps1024`, three at a time, took 68
-                       minutes of wall time (seeds 2 and 3, about 13 of them paused for benchmarks). `--workers 3`
+                       minutes of wall time (seeds 2 and 3, about 13 of them paused for benchmarks), those of
+                       `steps512` 65 minutes (15-20 paused). `--workers 3`
                        runs the seeds of a config at once; `--configs steps1024` for one of the configs.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
                        (248 steps/s, sharing the CPU with test runs part of the time).
@@ -117,6 +120,10 @@ PRESETS: dict[str, dict] = {
                 "steps1024",  # half the rollout: twice the updates for the same samples and gradient steps
                 [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.99"],
             ),
+            Config(  # a quarter of the zoo's rollout: four times the updates for the same samples and gradient steps
+                "steps512",
+                [*BIPEDAL, "--num-steps", "512", "--num-minibatches", "256", "--gamma", "0.99"],
+            ),
             Config(  # between the zoo's gamma (never fell, slower gait) and 0.99 (faster gait, some falls)
                 "steps1024_gamma0.995",
                 [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.995"],
@@ -142,7 +149,7 @@ class Args:
     scripts: list[str] = field(default_factory=list)
     """scripts to run (without --preset)"""
     env_ids: list[str] = field(default_factory=list)
-    """env ids, each run with every script"""
+    """env ids, each run with every script; with --preset, run only its configs of these env ids"""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     """seeds (a preset brings its own unless given)"""
     extra: str = ""
@@ -178,6 +185,9 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
         if unknown := set(args.configs) - set(names):
             raise SystemExit(f"error: --configs={' '.join(sorted(unknown))} not in preset {args.preset}: {', '.join(names)}")
         configs = [c for c in preset["configs"] if not args.configs or c.name in args.configs]
+        configs = [c for c in configs if not args.env_ids or env_of(c) in args.env_ids]
+        if not configs:
+            raise SystemExit(f"error: --env-ids={' '.join(args.env_ids)} matches none of preset {args.preset}'s configs")
         # seed-major order: the configs of one seed run back to back, so a slow spell of the machine hits them alike
         return [(c, s) for s in seeds for c in configs], preset["extra"] + shlex.split(args.extra), preset["report"]
     if not args.scripts:
@@ -190,9 +200,12 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
     return [(c, s) for s in args.seeds for c in configs], shlex.split(args.extra), None
 
 
+def env_of(config: Config) -> str:
+    return config.command[config.command.index("--env-id") + 1] if "--env-id" in config.command else "default"
+
+
 def run_key(config: Config, seed: int) -> str:
-    env_flag = config.command[config.command.index("--env-id") + 1] if "--env-id" in config.command else "default"
-    return f"{config.name}__{env_flag}__{seed}"
+    return f"{config.name}__{env_of(config)}__{seed}"
 
 
 def argv_of(config: Config, seed: int, extra: list[str]) -> list[str]:

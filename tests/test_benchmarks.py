@@ -107,3 +107,8 @@ def test_preset_configs_filter(monkeypatch):
     assert extra == ["--total-timesteps", "1500000"]
     with pytest.raises(SystemExit, match="--configs=nope not in preset atari-pong"):
         runner.plan(runner.Args(preset="atari-pong", configs=["nope"]))
+    monkeypatch.setattr(runner.sys, "argv", ["run.py", "--seeds", "4", "5"])  # seeds given: the preset's are replaced
+    runs, _, _ = runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5"], seeds=[4, 5]))
+    assert [(runner.env_of(c), s) for c, s in runs] == [("Hopper-v5", 4), ("Hopper-v5", 5)]
+    with pytest.raises(SystemExit, match="--env-ids=Ant-v5 matches none of preset continuous-mujoco"):
+        runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Ant-v5"]))
