@@ -27,6 +27,7 @@ final observation, normalised with the same statistics; terminated steps do not.
     python ppo_continuous.py --env-id BipedalWalker-v3 --total-timesteps 5000000 --num-envs 32 --num-steps 2048 \
         --num-minibatches 1024 --gamma 0.999 --learning-rate 2.5e-4 --clip-coef 0.18 --ent-coef 0   # the SB3 zoo's
     python ppo_continuous.py --eval-checkpoint runs/<run>/checkpoint.pt
+    python ppo_continuous.py --eval-interval 4          # evaluate every 4 iterations, keep the best in runs/<run>/best.pt
     python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
     python ppo_continuous.py --async-envs             # each env in its own worker process (on many cores)
     python ppo_continuous.py --rollout-threads 0      # the rollout on all torch threads (default: on one)
@@ -89,6 +90,10 @@ class Args:
     """number of episodes played by the evaluation mode"""
     eval_deterministic: bool = True
     """the evaluation mode takes the most likely action (otherwise it samples)"""
+    eval_interval: int = 0
+    """while training, every this many iterations play --eval-episodes episodes as the evaluation mode does (env
+    seeds --seed onwards), log their mean as charts/eval_return and keep the best policy so far in
+    `runs/{run_name}/best.pt` (as SB3's EvalCallback); 0: never"""
     progress: bool = True
     """show a progress bar (`--no-progress` to turn it off)"""
 
@@ -179,6 +184,8 @@ class Args:
         ):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        if self.eval_interval < 0:
+            raise SystemExit(f"error: --eval-interval={self.eval_interval} must be 0 (never) or more")
         if self.rollout_threads < 0:
             raise SystemExit(f"error: --rollout-threads={self.rollout_threads} must be 0 (the update's count) or more")
         for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
@@ -548,13 +555,17 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     return agent, args
 
 
-@torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy and return their (raw) returns. The observation
-    statistics are the checkpoint's, frozen: evaluation reads them and never updates them."""
+    """Play `episodes` whole episodes with a saved policy and return their (raw) returns."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
-    agent.eval()
-    env = make_env(saved_args.env_id, 0, False, "")()
+    return play(agent, saved_args.env_id, episodes, deterministic, device, seed)
+
+
+@torch.no_grad()
+def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
+    """Play `episodes` whole episodes (env seeds seed, seed + 1, ...) and return their raw returns. The observation
+    statistics are the agent's, frozen: evaluation reads them and never updates them."""
+    env = make_env(env_id, 0, False, "")()
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -598,7 +609,7 @@ def main(args: Args) -> None:
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
     )
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    checkpoint_path, best_path = f"runs/{run_name}/checkpoint.pt", f"runs/{run_name}/best.pt"
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -662,6 +673,9 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    best_eval = (
+        load_checkpoint(best_path, "--resume")["eval_return"] if checkpoint and os.path.isfile(best_path) else -math.inf
+    )
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
@@ -787,6 +801,19 @@ def main(args: Args) -> None:
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+
+            # ALGO LOGIC: periodic evaluation, the best policy so far kept (the statistics frozen, as in training)
+            if args.eval_interval and iteration % args.eval_interval == 0:
+                torch.set_num_threads(args.rollout_threads or update_threads)
+                eval_return = float(
+                    np.mean(play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed))
+                )
+                torch.set_num_threads(update_threads)
+                writer.add_scalar("charts/eval_return", eval_return, global_step)
+                if eval_return > best_eval:
+                    best_eval = eval_return
+                    best = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                    save_checkpoint(best_path, {**best, "eval_return": eval_return})
 
             # TRY NOT TO MODIFY: periodic checkpoint
             done_iteration = iteration

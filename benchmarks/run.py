@@ -124,6 +124,11 @@ PRESETS: dict[str, dict] = {
                 "steps512",
                 [*BIPEDAL, "--num-steps", "512", "--num-minibatches", "256", "--gamma", "0.99"],
             ),
+            Config(  # steps1024, evaluated every 4 iterations (131,072 steps): the best policy so far kept in best.pt
+                "steps1024_best",
+                [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.99"]
+                + ["--eval-interval", "4", "--eval-episodes", "10"],
+            ),
             Config(  # between the zoo's gamma (never fell, slower gait) and 0.99 (faster gait, some falls)
                 "steps1024_gamma0.995",
                 [*BIPEDAL, "--num-steps", "1024", "--num-minibatches", "512", "--gamma", "0.995"],

@@ -486,6 +486,28 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert "eval: 1 episodes, mean return" in result.stdout
 
 
+def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_tmp):
+    """--eval-interval: charts/eval_return at every evaluated iteration; best.pt holds the policy of the best one
+    (the first, on a tie), and evaluating best.pt as the evaluation mode does gives exactly its logged return; after
+    --resume the best so far still counts, so best.pt always holds the best over the whole run."""
+    args = dict(num_envs=2, num_steps=100, num_minibatches=2, eval_interval=2, eval_episodes=2, progress=False)
+    p.main(p.Args(**args, total_timesteps=1600, save_model=True))  # 8 iterations of 200 steps, evaluated at 2, 4, 6, 8
+    (run_dir,) = run_dirs(".")
+    logged = read_scalars(run_dir)["charts/eval_return"]
+    assert [step for step, _ in logged] == [400, 800, 1200, 1600]
+    best = torch.load(os.path.join(run_dir, "best.pt"), weights_only=True)
+    best_step, best_return = max(logged, key=lambda x: x[1])  # max keeps the first of equal values
+    assert best["global_step"] == best_step and best["eval_return"] == pytest.approx(best_return, rel=1e-6)
+    replay = p.evaluate(os.path.join(run_dir, "best.pt"), 2, True, torch.device("cpu"), 1)
+    assert float(np.mean(replay)) == best["eval_return"]
+
+    p.main(p.Args(**args, total_timesteps=2800, save_model=True, resume=os.path.join(run_dir, "checkpoint.pt")))
+    logged = read_scalars(run_dir)["charts/eval_return"]
+    assert [step for step, _ in logged] == [400, 800, 1200, 1600, 2000, 2400, 2800]
+    best = torch.load(os.path.join(run_dir, "best.pt"), weights_only=True)
+    assert best["eval_return"] == pytest.approx(max(r for _, r in logged), rel=1e-6)
+
+
 @pytest.mark.smoke
 def test_async_envs_run_exactly_as_sync_envs(tmp_path):
     """--async-envs steps the same seeded envs in worker processes: the same episodes and losses, bit for bit."""
@@ -524,6 +546,7 @@ def test_capture_video_writes_an_mp4(tmp_path):
         (["--actor-hidden-sizes", "64", "0"], ["--actor-hidden-sizes=(64, 0)"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
         (["--rollout-threads", "-1"], ["--rollout-threads=-1", "0"]),
+        (["--eval-interval", "-1"], ["--eval-interval=-1", "0 (never)"]),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
