@@ -93,7 +93,8 @@ class Args:
     eval_interval: int = 0
     """while training, every this many iterations play --eval-episodes episodes as the evaluation mode does (env
     seeds --seed onwards), log their mean as charts/eval_return and keep the best policy so far in
-    `runs/{run_name}/best.pt` (as SB3's EvalCallback); 0: never"""
+    `runs/{run_name}/best.pt` (as SB3's EvalCallback); 0: never. Its time counts in charts/SPS; the last iteration
+    is evaluated when the interval divides the number of iterations"""
     progress: bool = True
     """show a progress bar (`--no-progress` to turn it off)"""
 
@@ -558,25 +559,29 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
     """Play `episodes` whole episodes with a saved policy and return their (raw) returns."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
-    return play(agent, saved_args.env_id, episodes, deterministic, device, seed)
+    return play(agent, saved_args.env_id, episodes=episodes, deterministic=deterministic, device=device, seed=seed)
 
 
 @torch.no_grad()
 def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
     """Play `episodes` whole episodes (env seeds seed, seed + 1, ...) and return their raw returns. The observation
-    statistics are the agent's, frozen: evaluation reads them and never updates them."""
+    statistics are the agent's, frozen: evaluation reads them and never updates them. A sampling policy draws from
+    torch's generator seeded with `seed`, and the caller's generator state is restored after: evaluating during
+    training leaves the training's random numbers as they were."""
     env = make_env(env_id, 0, False, "")()
     returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
-            action = agent.act(obs_t, deterministic)  # (1, A), inside the bounds
-            obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done, total = False, 0.0
+            while not done:
+                obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen
+                action = agent.act(obs_t, deterministic)  # (1, A), inside the bounds
+                obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
     env.close()
     return returns
 
@@ -584,7 +589,13 @@ def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: 
 def main(args: Args) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
+        returns = evaluate(
+            args.eval_checkpoint,
+            episodes=args.eval_episodes,
+            deterministic=args.eval_deterministic,
+            device=device,
+            seed=args.seed,
+        )
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
     check_env_args(args.env_id)
@@ -609,7 +620,7 @@ def main(args: Args) -> None:
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
     )
-    checkpoint_path, best_path = f"runs/{run_name}/checkpoint.pt", f"runs/{run_name}/best.pt"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -668,14 +679,17 @@ def main(args: Args) -> None:
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     discounted_returns = np.zeros(args.num_envs)  # the running episodes' discounted returns, for reward scaling
 
+    # ALGO LOGIC: periodic evaluation (--eval-interval): the best policy so far, and its mean return, in best.pt; a resumed
+    # run goes on from the best it had (Ctrl-C waits for an evaluation to end)
+    best_path, best_eval = f"runs/{run_name}/best.pt", -math.inf
+    if checkpoint and args.eval_interval and os.path.isfile(best_path):
+        best_eval = load_checkpoint(best_path, "--resume's best.pt")["eval_return"]
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    best_eval = (
-        load_checkpoint(best_path, "--resume")["eval_return"] if checkpoint and os.path.isfile(best_path) else -math.inf
-    )
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
@@ -805,9 +819,15 @@ def main(args: Args) -> None:
             # ALGO LOGIC: periodic evaluation, the best policy so far kept (the statistics frozen, as in training)
             if args.eval_interval and iteration % args.eval_interval == 0:
                 torch.set_num_threads(args.rollout_threads or update_threads)
-                eval_return = float(
-                    np.mean(play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed))
+                eval_returns = play(
+                    agent,
+                    args.env_id,
+                    episodes=args.eval_episodes,
+                    deterministic=args.eval_deterministic,
+                    device=device,
+                    seed=args.seed,
                 )
+                eval_return = float(np.mean(eval_returns))
                 torch.set_num_threads(update_threads)
                 writer.add_scalar("charts/eval_return", eval_return, global_step)
                 if eval_return > best_eval:

@@ -25,11 +25,12 @@ others are estimates from the scripts' measured steps per second on a 2-core AMD
                        (gamma 0.99, lr 3e-4, minibatches of 64; the defaults are tuned for Pendulum): about 1100
                        steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
                        `--env-ids Hopper-v5` (with --preset) runs only that env's config.
-  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, five configs: `zoo`, the rl-baselines3-zoo's PPO settings
+  continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
                        (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18),
                        `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps
-                       (twice the updates, the same minibatches), `steps1024_gamma0.995`, and `steps512` (four times
-                       the zoo's updates); --compile: measured
+                       (twice the updates, the same minibatches), `steps1024_gamma0.995`, `steps512` (four times
+                       the zoo's updates), and `steps1024_best` (steps1024 evaluated every 4 iterations, the best
+                       policy kept in best.pt); --compile: measured
                        39-46 minutes a run (1808-2122 steps/s) before --rollout-threads, 35-36 minutes (2331-2376
                        steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16. Side by side, one
                        thread each, runs make more of 2 cores: the seeds of `steps1024`, three at a time, took 68
@@ -190,9 +191,10 @@ def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
         if unknown := set(args.configs) - set(names):
             raise SystemExit(f"error: --configs={' '.join(sorted(unknown))} not in preset {args.preset}: {', '.join(names)}")
         configs = [c for c in preset["configs"] if not args.configs or c.name in args.configs]
+        envs = list(dict.fromkeys(env_of(c) for c in preset["configs"]))
+        if unknown := [e for e in args.env_ids if e not in envs]:
+            raise SystemExit(f"error: --env-ids={' '.join(unknown)} not in preset {args.preset}: {', '.join(envs)}")
         configs = [c for c in configs if not args.env_ids or env_of(c) in args.env_ids]
-        if not configs:
-            raise SystemExit(f"error: --env-ids={' '.join(args.env_ids)} matches none of preset {args.preset}'s configs")
         # seed-major order: the configs of one seed run back to back, so a slow spell of the machine hits them alike
         return [(c, s) for s in seeds for c in configs], preset["extra"] + shlex.split(args.extra), preset["report"]
     if not args.scripts:

@@ -110,5 +110,5 @@ def test_preset_configs_filter(monkeypatch):
     monkeypatch.setattr(runner.sys, "argv", ["run.py", "--seeds", "4", "5"])  # seeds given: the preset's are replaced
     runs, _, _ = runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5"], seeds=[4, 5]))
     assert [(runner.env_of(c), s) for c, s in runs] == [("Hopper-v5", 4), ("Hopper-v5", 5)]
-    with pytest.raises(SystemExit, match="--env-ids=Ant-v5 matches none of preset continuous-mujoco"):
-        runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Ant-v5"]))
+    with pytest.raises(SystemExit, match="--env-ids=Ant-v5 not in preset continuous-mujoco: HalfCheetah-v5, Hopper-v5"):
+        runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5", "Ant-v5"]))

@@ -486,26 +486,36 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert "eval: 1 episodes, mean return" in result.stdout
 
 
-def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_tmp):
-    """--eval-interval: charts/eval_return at every evaluated iteration; best.pt holds the policy of the best one
-    (the first, on a tie), and evaluating best.pt as the evaluation mode does gives exactly its logged return; after
-    --resume the best so far still counts, so best.pt always holds the best over the whole run."""
-    args = dict(num_envs=2, num_steps=100, num_minibatches=2, eval_interval=2, eval_episodes=2, progress=False)
-    p.main(p.Args(**args, total_timesteps=1600, save_model=True))  # 8 iterations of 200 steps, evaluated at 2, 4, 6, 8
-    (run_dir,) = run_dirs(".")
+def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_tmp, monkeypatch):
+    """--eval-interval: charts/eval_return at every evaluated iteration; best.pt holds the policy of the best one, and
+    evaluating best.pt as the evaluation mode does gives exactly its logged return (here sampling actions: evaluation
+    draws from its own seeded generator); training is the same as without evaluation; after --resume the best so far
+    still counts (a best.pt no evaluation can beat stays)."""
+    args = dict(num_envs=2, num_steps=100, num_minibatches=2, eval_episodes=2, progress=False, cuda=False)
+    p.main(p.Args(**args, total_timesteps=1600, eval_interval=2, eval_deterministic=False, save_model=True))
+    (run_dir,) = run_dirs(".")  # 8 iterations of 200 steps, evaluated at 2, 4, 6 and 8
     logged = read_scalars(run_dir)["charts/eval_return"]
     assert [step for step, _ in logged] == [400, 800, 1200, 1600]
-    best = torch.load(os.path.join(run_dir, "best.pt"), weights_only=True)
+    best_path = os.path.join(run_dir, "best.pt")
+    best = torch.load(best_path, weights_only=True)
     best_step, best_return = max(logged, key=lambda x: x[1])  # max keeps the first of equal values
     assert best["global_step"] == best_step and best["eval_return"] == pytest.approx(best_return, rel=1e-6)
-    replay = p.evaluate(os.path.join(run_dir, "best.pt"), 2, True, torch.device("cpu"), 1)
+    replay = p.evaluate(best_path, episodes=2, deterministic=False, device=torch.device("cpu"), seed=1)
     assert float(np.mean(replay)) == best["eval_return"]
 
-    p.main(p.Args(**args, total_timesteps=2800, save_model=True, resume=os.path.join(run_dir, "checkpoint.pt")))
-    logged = read_scalars(run_dir)["charts/eval_return"]
-    assert [step for step, _ in logged] == [400, 800, 1200, 1600, 2000, 2400, 2800]
-    best = torch.load(os.path.join(run_dir, "best.pt"), weights_only=True)
-    assert best["eval_return"] == pytest.approx(max(r for _, r in logged), rel=1e-6)
+    os.mkdir("plain")
+    monkeypatch.chdir("plain")
+    p.main(p.Args(**args, total_timesteps=1600))
+    for tag in ("losses/value_loss", "losses/approx_kl", "charts/episodic_return"):
+        assert read_scalars(run_dirs(".")[0])[tag] == read_scalars(os.path.join("..", run_dir))[tag], tag
+    monkeypatch.chdir("..")
+
+    torch.save({**best, "eval_return": 0.0}, best_path)  # Pendulum's returns are below 0
+    resume = os.path.join(run_dir, "checkpoint.pt")
+    p.main(p.Args(**args, total_timesteps=2800, eval_interval=2, eval_deterministic=False, save_model=True, resume=resume))
+    assert [step for step, _ in read_scalars(run_dir)["charts/eval_return"]] == [400, 800, 1200, 1600, 2000, 2400, 2800]
+    kept = torch.load(best_path, weights_only=True)
+    assert (kept["eval_return"], kept["global_step"]) == (0.0, best_step)
 
 
 @pytest.mark.smoke
