@@ -783,8 +783,8 @@ def main(args: Args) -> None:
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
-                    loss, mb_stats = loss_fn(agent, args, mb_inds, *batch)
+                    minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    loss, mb_stats = loss_fn(agent, args, mb_inds, *minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
