@@ -56,6 +56,13 @@ def test_report_writes_table_and_plot(tmp_path):
     assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000-never), 1 of 3 never |")
     assert "| 20.0 (10.0-30.0) |" in rows[1]
     assert os.path.getsize(png) > 1000
+    assert f"Machine: {report.machine()}." in text
+    # runs fetched from another machine: the report names that machine and the command that says so
+    md, _ = report.write_report(
+        report.Args(runs_dir=str(runs_dir), name="t", threshold=15.0, out_dir=str(tmp_path), machine="a GPU machine")
+    )
+    text = open(md).read()
+    assert "Machine: a GPU machine." in text and '--threshold 15 --machine "a GPU machine"`.' in text
 
 
 @pytest.mark.smoke
