@@ -589,13 +589,7 @@ def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: 
 def main(args: Args) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
-        returns = evaluate(
-            args.eval_checkpoint,
-            episodes=args.eval_episodes,
-            deterministic=args.eval_deterministic,
-            device=device,
-            seed=args.seed,
-        )
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
     check_env_args(args.env_id)
