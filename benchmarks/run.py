@@ -43,8 +43,8 @@ On a GPU: the FSMN and continuous scripts' networks are too small to gain from o
 at 1467 vs 1400 and 1847 vs 2535 steps/s on its 16 CPU cores), so expect those presets' CPU times. The Atari
 presets are the ones a GPU shortens: ppo_atari.py ran at about 3700 steps/s eager and 6000 with --cudagraphs on an
 H100 (benchmarks/results/sps_atari_pong_gpu.md), so 10M steps of Pong take about 30 minutes there at CleanRL's 8
-envs; with 64-128 envs for the 16 emulator threads, 10,845-12,650 steps/s on H200 machines (atari_pong_gpu.md,
-atari_breakout_gpu.md), 13-16 minutes for 10M.
+envs; with 64-128 envs for the 16 emulator threads, 11,132-12,650 steps/s on H200 machines (atari_pong_gpu.md,
+atari_breakout_gpu.md), 13-15 minutes for 10M plus half a minute of start-up.
 """
 
 import os
