@@ -1,29 +1,16 @@
-"""PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole.
+"""PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
 
-The policy is a vectorized DFSMN (Zhang et al. 2015, arXiv 1512.08301; Zhang et al. 2018, arXiv 1803.05030):
-every block projects its input, adds a learned per-channel weighted sum of the current and the last
-`memory_order` hidden states (a causal depthwise convolution over time), projects back with a skip
-connection and normalises. Rollouts run it step by step with a per-environment cache of past hidden
-states; training runs it over whole rollout sequences in one pass, starting from the cache saved at the
-rollout's start, with episode boundaries masked, so every sample sees exactly the context it had when
-it acted. `--mask-velocity` hides the velocities (observation `[x, theta]`): then memory is required.
+Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of
+the last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory of past
+hidden states; training replays each env's whole rollout in one pass from the memory saved at the rollout's start, with
+episode boundaries masked, so every sample sees the context it acted with. `--mask-velocity` hides the velocities.
 
-    python ppo_fsmn_cartpole.py                       # CartPole-v1, solved on the CPU in about a minute
-    python ppo_fsmn_cartpole.py --mask-velocity       # partially observable CartPole
-    python ppo_fsmn_cartpole.py --eval-checkpoint runs/<run>/checkpoint.pt
-    python ppo_fsmn_cartpole.py --compile             # torch.compile the rollout step and the minibatch loss
+    python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
+    python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
+    python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
+    python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 
-Defaults, chosen to learn fast in environment steps: 8 envs x 64 steps (batch 512), 4 minibatches of 2 whole
-env sequences, 10 epochs, learning rate 1e-3 annealed, gamma 0.99, lambda 0.95, no entropy bonus, 2 blocks of
-width 64, memory order 8, running observation normalisation. From short single-seed sweeps (seed 1, 150k steps,
-this machine): on CartPole-v1 one minibatch per epoch first reached a mean of 475 at 106k steps and four at 63k;
-on the masked task the RL Zoo's LSTM settings (32 steps, 1 minibatch, 20 epochs, gamma 0.98, lambda 0.8) ended
-at 449 without reaching 475; without observation normalisation, a 2-minibatch variant was at 176 after 75k
-steps (stopped there); with it, the defaults reached 475 at 75k. Normalisation matters there because the
-velocities must come from differences of consecutive angles of about 1e-3 rad.
-
-Measured results (5 seeds, `python benchmarks/run.py --preset fsmn-cartpole`): see README.md and
-benchmarks/results/fsmn_cartpole.md.
+Results: README.md and benchmarks/results/fsmn_cartpole.md.
 """
 
 import copy
@@ -244,13 +231,13 @@ class RunningNorm(nn.Module):
 
 
 class FSMNBlock(nn.Module):
-    """One DFSMN block, run either one step at a time (with a cache) or over a whole sequence.
+    """One DFSMN block, run either one step at a time (with a memory of past steps) or over a whole sequence.
 
         h_t = tanh(W_in x_t)                                  linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-i}                memory: causal depthwise conv over time
         y_t = LayerNorm(x_t + W_out m_t)                      output projection, skip, normalisation
 
-    Tap a_0 weights the current step and a_N the oldest (the seed project had these reversed).
+    Tap a_0 weights the current step and a_N the oldest.
     h_{t-i} is zero for steps before the current episode began, so memory never crosses an episode.
     The taps start at zero: the block starts memoryless and learns how much of the past to use.
     """
@@ -263,18 +250,18 @@ class FSMNBlock(nn.Module):
         self.proj_out = layer_init(nn.Linear(dim, dim))
         self.norm = nn.LayerNorm(dim)
 
-    def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H); cache: (B, N, H) with cache[:, j] = h_{t-1-j}, already zeroed at episode starts."""
+    def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, H); memory: (B, N, H) with memory[:, j] = h_{t-1-j}, already zeroed at episode starts."""
         h = torch.tanh(self.proj_in(x))  # (B, H)
-        window = torch.cat([h.unsqueeze(1), cache], dim=1)  # (B, N+1, H): h_t, h_{t-1}, ..., h_{t-N}
+        window = torch.cat([h.unsqueeze(1), memory], dim=1)  # (B, N+1, H): h_t, h_{t-1}, ..., h_{t-N}
         m = h + (self.taps * window).sum(dim=1)  # (B, H)
-        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the cache drops h_{t-N}
+        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N}
 
-    def sequence(self, x: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """x: (T, B, H); cache: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see Agent.sequence."""
+    def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
+        """x: (T, B, H); memory: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see the Agent."""
         # h (T, B, H) is read back from the history: concatenated as a tensor of its own and then used again, it is
         # miscompiled by torch 2.13's inductor under no_grad (tested against eager)
-        history = torch.cat([cache.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
+        history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
         h = history[self.memory_order :]  # h_t = tanh(W_in x_t)
         windows = history.unfold(0, self.memory_order + 1, 1)  # (T, B, H, N+1): windows[t, ..., k] = h_{t-N+k}
         m = h + (windows * same_episode * self.taps.flip(0).T).sum(-1)  # (T, B, H), taps reversed to match k
@@ -289,24 +276,27 @@ class FSMNTrunk(nn.Module):
         self.embed = layer_init(nn.Linear(obs_dim, hidden_dim))
         self.blocks = nn.ModuleList(FSMNBlock(hidden_dim, memory_order) for _ in range(num_blocks))
 
-    def step(self, obs: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs: (B, obs_dim); cache: (num_blocks, B, N, H) -> features (B, H), new cache."""
+    def step(self, obs: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs: (B, obs_dim); memory: (num_blocks, B, N, H) -> features (B, H), new memory."""
         x = torch.tanh(self.embed(obs))
-        new_cache = []
-        for block, block_cache in zip(self.blocks, cache):
-            x, c = block.step(x, block_cache)
-            new_cache.append(c)
-        return x, torch.stack(new_cache)
+        new_memory = []
+        for block, block_memory in zip(self.blocks, memory):
+            x, c = block.step(x, block_memory)
+            new_memory.append(c)
+        return x, torch.stack(new_memory)
 
-    def sequence(self, obs: torch.Tensor, cache: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """obs: (T, B, obs_dim); cache: (num_blocks, B, N, H) -> features (T, B, H)."""
+    def sequence(self, obs: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
+        """obs: (T, B, obs_dim); memory: (num_blocks, B, N, H) -> features (T, B, H)."""
         x = torch.tanh(self.embed(obs))
-        for block, block_cache in zip(self.blocks, cache):
-            x = block.sequence(x, block_cache, same_episode)
+        for block, block_memory in zip(self.blocks, memory):
+            x = block.sequence(x, block_memory, same_episode)
         return x
 
 
 class Agent(nn.Module):
+    """One FSMN trunk shared by a policy head (std 0.01) and a value head (std 1), or one trunk each (--separate-trunks).
+    Its memory is every block's last N hidden states, (L, B, N, H) for L blocks in all trunks."""
+
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim = args.memory_order, args.hidden_dim
@@ -318,28 +308,37 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
 
-    def initial_cache(self, num_envs: int, device: torch.device) -> torch.Tensor:
+    def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
         return torch.zeros(num_blocks, num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
 
-    def step(
-        self, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step for every env. obs: (B, obs_dim); cache: (L, B, N, H); episode_starts: (B,) bool.
-        Returns logits (B, A), values (B,) and the cache to use at the next step."""
-        cache = cache.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
-        caches = cache.chunk(len(self.trunks))
-        outputs = [trunk.step(obs, c) for trunk, c in zip(self.trunks, caches)]
-        actor_x, critic_x = outputs[0][0], outputs[-1][0]
-        new_cache = torch.cat([c for _, c in outputs])
-        return self.actor(actor_x), self.critic(critic_x).squeeze(-1), new_cache
-
-    def sequence(
-        self, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
+    def get_states(
+        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole rollout in one pass. obs: (T, B, obs_dim); cache: (L, B, N, H) from the rollout's start;
-        episode_starts: (T, B) bool. Returns logits (T, B, A) and values (T, B), equal to running `step` T times."""
-        # Which past steps a step may remember. Episode ids: the N cached steps count as episode 0 and every
+        """One step for every env. x: (B, obs_dim) normalised; memory: (L, B, N, H); episode_starts: (B,) bool.
+        Returns the trunks' features (K, B, H), K = 1 or 2 trunks (the actor reads the first, the critic the last),
+        and the memory for the next step."""
+        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
+        outputs = [trunk.step(x, m) for trunk, m in zip(self.trunks, memory.chunk(len(self.trunks)))]
+        return torch.stack([h for h, _ in outputs]), torch.cat([m for _, m in outputs])
+
+    def get_value(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.get_states(x, memory, episode_starts)
+        return self.critic(hidden[-1]).squeeze(-1)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden, memory = self.get_states(x, memory, episode_starts)
+        probs = Categorical(logits=self.actor(hidden[0]), validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden[-1]).squeeze(-1), memory
+
+    def get_states_sequence(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+        """A whole rollout in one pass. x: (T, B, obs_dim); memory: (L, B, N, H) from the rollout's start;
+        episode_starts: (T, B) bool. Returns the features (K, T, B, H), equal to running `get_states` T times."""
+        # Which past steps a step may remember. Episode ids: the N remembered steps count as episode 0 and every
         # start begins a new id; tap i of step t is used only if step t-i has step t's id.
         #   N=3, T=5, an episode starts at t=2:
         #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
@@ -350,78 +349,15 @@ class Agent(nn.Module):
         ids = torch.cat([ids.new_zeros(n, ids.shape[1]), ids])  # (N+T, B)
         windows = ids.unfold(0, n + 1, 1)  # (T, B, N+1): ids of steps t-N .. t
         same_episode = (windows == ids[n:].unsqueeze(-1)).unsqueeze(2).float()  # (T, B, 1, N+1)
-        caches = cache.chunk(len(self.trunks))
-        features = [trunk.sequence(obs, c, same_episode) for trunk, c in zip(self.trunks, caches)]
-        return self.actor(features[0]), self.critic(features[-1]).squeeze(-1)
+        memories = memory.chunk(len(self.trunks))
+        return torch.stack([trunk.sequence(x, m, same_episode) for trunk, m in zip(self.trunks, memories)])
 
-
-def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
-    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
-    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
-    action = torch.argmax(logits + gumbel, dim=-1)
-    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-
-def rollout_step(
-    agent: Agent, obs: torch.Tensor, cache: torch.Tensor, episode_starts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One rollout step's inference: raw obs (B, obs_dim) seen through the frozen observation statistics -> sampled
-    actions, their log-probabilities, values and the cache to use at the next step."""
-    logits, value, cache = agent.step(agent.obs_norm(obs), cache, episode_starts)
-    return *sample_action(logits), value, cache
-
-
-def minibatch_loss(
-    agent: Agent,
-    args: Args,
-    mb_obs: torch.Tensor,
-    mb_cache: torch.Tensor,
-    mb_starts: torch.Tensor,
-    mb_actions: torch.Tensor,
-    mb_logprobs: torch.Tensor,
-    mb_advantages: torch.Tensor,
-    mb_returns: torch.Tensor,
-    mb_values: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), the network run over them in one pass
-    from the cache saved at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx
-    KL, approx KL, loss, clip fraction), without a host sync."""
-    new_logits, newvalue = agent.sequence(mb_obs, mb_cache, mb_starts)
-    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
-    newlogprob, entropy, newvalue = probs.log_prob(mb_actions.flatten()), probs.entropy(), newvalue.flatten()
-    mb_logprobs, mb_advantages = mb_logprobs.flatten(), mb_advantages.flatten()
-    mb_returns, mb_values = mb_returns.flatten(), mb_values.flatten()
-    logratio = newlogprob - mb_logprobs
-    ratio = logratio.exp()
-
-    with torch.no_grad():
-        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-    if args.norm_adv:
-        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-    # Policy loss
-    pg_loss1 = -mb_advantages * ratio
-    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-    # Value loss
-    if args.clip_vloss:
-        v_loss_unclipped = (newvalue - mb_returns) ** 2
-        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-        v_loss_clipped = (v_clipped - mb_returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-    entropy_loss = entropy.mean()
-    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    def get_action_and_value_sequence(
+        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.get_states_sequence(x, memory, episode_starts)
+        probs = Categorical(logits=self.actor(hidden[0]), validate_args=False)  # batch shape (T, B)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden[-1]).squeeze(-1)
 
 
 def compute_gae(
@@ -452,6 +388,53 @@ def compute_gae(
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
+
+
+def minibatch_loss(
+    agent: Agent,
+    args: Args,
+    mb_obs: torch.Tensor,
+    mb_memory: torch.Tensor,
+    mb_starts: torch.Tensor,
+    mb_actions: torch.Tensor,
+    mb_logprobs: torch.Tensor,
+    mb_advantages: torch.Tensor,
+    mb_returns: torch.Tensor,
+    mb_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the memory saved
+    at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss,
+    clip fraction), without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
 def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
@@ -535,18 +518,24 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 @torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy (memory cache included) and return their returns."""
+    """Play `episodes` whole episodes with a saved policy (and its memory) and return their returns."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
     env = make_env(saved_args.env_id, 0, False, "", saved_args.mask_velocity)()
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        cache, start, done, total = agent.initial_cache(1, device), torch.ones(1, dtype=torch.bool, device=device), False, 0.0
+        memory, start, done, total = (
+            agent.initial_memory(1, device),
+            torch.ones(1, dtype=torch.bool, device=device),
+            False,
+            0.0,
+        )
         while not done:
             obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
-            logits, _, cache = agent.step(obs_t, cache, start)
-            action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
+            hidden, memory = agent.get_states(obs_t, memory, start)
+            logits = agent.actor(hidden[0])
+            action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
             start[:] = False
             total += float(reward)
@@ -605,8 +594,8 @@ def main(args: Args) -> None:
     agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # the same parameters compiled or not; `agent` is what gets saved
-    policy_step, agent_step, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (rollout_step, agent.step, minibatch_loss)
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
     )
 
     # TRY NOT TO MODIFY: resume
@@ -636,13 +625,13 @@ def main(args: Args) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    cache = agent.initial_cache(args.num_envs, device)  # (L, num_envs, N, H) memory of the running episodes
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step = time.time(), global_step
+    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N, H): the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
@@ -663,8 +652,8 @@ def main(args: Args) -> None:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            # ALGO LOGIC: rollout, the FSMN run step by step with its per-env cache
-            initial_cache = cache.clone()  # (L, num_envs, N, H): training restarts every sequence from here
+            # ALGO LOGIC: rollout, the FSMN run step by step with its per-env memory
+            initial_memory = memory.clone()  # (L, num_envs, N, H): training replays every sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -673,8 +662,8 @@ def main(args: Args) -> None:
                 obs[step] = next_obs
                 episode_starts[step] = next_done
 
-                with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, value, cache = policy_step(agent, next_obs, cache, next_done)
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                    action, logprob, _, value, memory = get_action_and_value(agent.obs_norm(next_obs), memory, next_done)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -684,12 +673,9 @@ def main(args: Args) -> None:
                 if truncation.any():
                     # bootstrap a truncated episode from its final observation, seen with that episode's memory
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.inference_mode():
-                        _, final_value, _ = agent_step(
-                            agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device)),
-                            cache,
-                            torch.zeros(args.num_envs, dtype=torch.bool, device=device),
-                        )
+                    with torch.no_grad():
+                        final_obs = agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
+                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
                 next_done = torch.as_tensor(termination | truncation, device=device)
@@ -706,7 +692,7 @@ def main(args: Args) -> None:
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
             )
             with torch.no_grad():
-                _, next_value, _ = agent_step(agent.obs_norm(next_obs), cache, next_done)
+                next_value = agent.get_value(agent.obs_norm(next_obs), memory, next_done)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
@@ -722,7 +708,7 @@ def main(args: Args) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    minibatch = (seen_obs, initial_cache, episode_starts, actions, logprobs, advantages, returns, values)
+                    minibatch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
                     loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # envs are dim 1
                     optimizer.zero_grad()
                     loss.backward()

@@ -40,15 +40,21 @@ def random_agent(memory_order: int, num_blocks: int, separate_trunks: bool, obs_
     return agent
 
 
-def run_steps(agent, obs: torch.Tensor, cache: torch.Tensor, starts: torch.Tensor):
-    """The rollout's way: one step at a time, the cache carried along. Returns logits, values, caches per step."""
-    logits, values, caches = [], [], [cache]
+def run_steps(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.Tensor):
+    """The rollout's way: one cached step at a time, the memory carried along. Returns logits, values, memories."""
+    logits, values, memories = [], [], [memory]
     for t in range(obs.shape[0]):
-        logit, value, cache = agent.step(obs[t], cache, starts[t])
-        logits.append(logit)
-        values.append(value)
-        caches.append(cache)
-    return torch.stack(logits), torch.stack(values), caches
+        hidden, memory = agent.get_states(obs[t], memory, starts[t])
+        logits.append(agent.actor(hidden[0]))
+        values.append(agent.critic(hidden[-1]).squeeze(-1))
+        memories.append(memory)
+    return torch.stack(logits), torch.stack(values), memories
+
+
+def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.Tensor):
+    """Training's way: the whole sequence in one pass from the memory at its start. Returns logits and values."""
+    hidden = agent.get_states_sequence(obs, memory, starts)
+    return agent.actor(hidden[0]), agent.critic(hidden[-1]).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -61,7 +67,7 @@ def run_steps(agent, obs: torch.Tensor, cache: torch.Tensor, starts: torch.Tenso
 @pytest.mark.parametrize("separate_trunks", [False, True])
 @pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
 def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths, separate_trunks, reset_prob):
-    """Two consecutive rollouts run step by step equal the training pass over each, started from the cache
+    """Two consecutive rollouts run step by step equal the training pass over each, started from the memory
     the rollout saved at its start (so the test crosses the boundary between two rollouts)."""
     agent = random_agent(memory_order, num_blocks, separate_trunks)
     t1, t2 = lengths
@@ -71,9 +77,9 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths,
     starts = torch.rand(t1 + t2, num_envs, generator=generator) < reset_prob
     starts[0] = True  # the very first step begins every episode, as in the script
     with torch.no_grad():
-        step_logits, step_values, caches = run_steps(agent, obs, agent.initial_cache(num_envs, "cpu"), starts)
-        logits1, values1 = agent.sequence(obs[:t1], caches[0], starts[:t1])
-        logits2, values2 = agent.sequence(obs[t1:], caches[t1], starts[t1:])
+        step_logits, step_values, memories = run_steps(agent, obs, agent.initial_memory(num_envs, "cpu"), starts)
+        logits1, values1 = run_sequence(agent, obs[:t1], memories[0], starts[:t1])
+        logits2, values2 = run_sequence(agent, obs[t1:], memories[t1], starts[t1:])
     torch.testing.assert_close(torch.cat([logits1, logits2]), step_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
 
@@ -99,7 +105,7 @@ def reference_block(block, xs: list[torch.Tensor], starts: list[bool]) -> list[t
 
 @pytest.mark.parametrize("memory_order", [0, 2, 6])
 def test_block_matches_the_formula(memory_order):
-    """Tap a_0 weights the current step and a_i the step i back (the seed project had them reversed)."""
+    """Tap a_0 weights the current step and a_i the step i back."""
     torch.manual_seed(1)
     block = p.FSMNBlock(8, memory_order)
     with torch.no_grad():
@@ -120,13 +126,13 @@ def test_memory_reaches_exactly_memory_order_steps_back():
     obs = torch.randn(10, 1, 3)
     starts = torch.zeros(10, 1, dtype=torch.bool)
     starts[0] = True
-    cache = agent.initial_cache(1, "cpu")
+    memory = agent.initial_memory(1, "cpu")
     with torch.no_grad():
-        base, _ = agent.sequence(obs, cache, starts)
+        base, _ = run_sequence(agent, obs, memory, starts)
         for k in range(6):
             changed = obs.clone()
             changed[9 - k] += 1.0
-            logits, _ = agent.sequence(changed, cache, starts)
+            logits, _ = run_sequence(agent, changed, memory, starts)
             assert bool((logits[9] - base[9]).abs().max() > 1e-6) == (k <= 3), k
 
 
@@ -142,9 +148,9 @@ def test_nothing_crosses_an_episode_start(memory_order):
     changed = obs.clone()
     changed[:10, 0] += torch.randn(10, 3)
     changed[:14, 1] += torch.randn(14, 3)
-    cache = agent.initial_cache(2, "cpu")
+    memory = agent.initial_memory(2, "cpu")
     with torch.no_grad():
-        for run in (lambda o: run_steps(agent, o, cache, starts)[:2], lambda o: agent.sequence(o, cache, starts)):
+        for run in (lambda o: run_steps(agent, o, memory, starts)[:2], lambda o: run_sequence(agent, o, memory, starts)):
             (logits_a, values_a), (logits_b, values_b) = run(obs), run(changed)
             torch.testing.assert_close(logits_a[10:, 0], logits_b[10:, 0], rtol=0, atol=0)
             torch.testing.assert_close(values_a[14:, 1], values_b[14:, 1], rtol=0, atol=0)
@@ -195,32 +201,46 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
 
 def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
     """--compile: the compiled step and one-pass sequence equal the eager ones (1e-5) on random memory taps, episode
-    starts and a cache carried from an earlier rollout; and a compiled run replays its rollout (KL 0 at a learning
+    starts and a memory carried from an earlier rollout; and a compiled run replays its rollout (KL 0 at a learning
     rate of 0), so the compiled step and the compiled sequence agree with each other."""
     agent = random_agent(memory_order=4, num_blocks=2, separate_trunks=False)
-    obs, starts, cache = torch.randn(12, 3, 3), torch.rand(12, 3) < 0.2, torch.randn(2, 3, 4, 16)
-    compiled_agent = SimpleNamespace(step=torch.compile(agent.step), sequence=torch.compile(agent.sequence))
+    obs, starts, memory = torch.randn(12, 3, 3), torch.rand(12, 3) < 0.2, torch.randn(2, 3, 4, 16)
+    compiled_agent = SimpleNamespace(
+        get_states=torch.compile(agent.get_states),
+        get_states_sequence=torch.compile(agent.get_states_sequence),
+        actor=agent.actor,
+        critic=agent.critic,
+    )
     with torch.no_grad():
-        eager = [*run_steps(agent, obs, cache, starts)[:2], *agent.sequence(obs, cache, starts)]
-        compiled = [*run_steps(compiled_agent, obs, cache, starts)[:2], *compiled_agent.sequence(obs, cache, starts)]
+        eager = [*run_steps(agent, obs, memory, starts)[:2], *run_sequence(agent, obs, memory, starts)]
+        compiled = [*run_steps(compiled_agent, obs, memory, starts)[:2], *run_sequence(compiled_agent, obs, memory, starts)]
     for eager_output, compiled_output in zip(eager, compiled, strict=True):
         torch.testing.assert_close(compiled_output, eager_output, atol=1e-5, rtol=1e-5)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
 
 
-def test_sample_action_matches_categorical():
-    """The Gumbel-max sampler against torch.distributions.Categorical: the same log-probabilities, and action
-    frequencies within 5 standard errors of Categorical's probabilities over 200k draws."""
-    torch.manual_seed(0)
-    logits = torch.tensor([[0.0, 1.0, -2.0, 0.5], [3.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    reference = torch.distributions.Categorical(logits=logits)
-    draws = 200_000
-    actions, logprobs = p.sample_action(logits.repeat(draws, 1))
-    torch.testing.assert_close(logprobs, reference.log_prob(actions.view(draws, 3)).flatten())
-    frequencies = torch.nn.functional.one_hot(actions.view(draws, 3), 4).double().mean(0)  # (3, 4)
-    probs = reference.probs.double()
-    standard_error = (probs * (1 - probs) / draws).sqrt()
-    assert ((frequencies - probs).abs() <= 5 * standard_error + 1e-12).all(), (frequencies, probs)
+def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
+    """The rollout's get_action_and_value and the loss's get_action_and_value_sequence score the same actions alike,
+    and agree with torch.distributions.Categorical over softmax probabilities computed by hand."""
+    agent = random_agent(memory_order=3, num_blocks=2, separate_trunks=True)
+    obs, starts = torch.randn(9, 4, 3), torch.rand(9, 4) < 0.2
+    starts[0] = True
+    memory, logprobs, entropies, values, actions = agent.initial_memory(4, "cpu"), [], [], [], []
+    with torch.no_grad():
+        for t in range(9):
+            action, logprob, entropy, value, memory = agent.get_action_and_value(obs[t], memory, starts[t])
+            for x, out in ((action, actions), (logprob, logprobs), (entropy, entropies), (value, values)):
+                out.append(x)
+        actions = torch.stack(actions)
+        _, seq_logprob, seq_entropy, seq_value = agent.get_action_and_value_sequence(
+            obs, agent.initial_memory(4, "cpu"), starts, actions
+        )
+        probs = torch.softmax(run_sequence(agent, obs, agent.initial_memory(4, "cpu"), starts)[0], dim=-1)
+    torch.testing.assert_close(seq_logprob, torch.stack(logprobs), rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_entropy, torch.stack(entropies), rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_value, torch.stack(values), rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_logprob, probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1).log(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_entropy, -(probs * probs.log()).sum(-1), rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
