@@ -126,10 +126,10 @@ def summarize(runs: list[Run], threshold: float | None, window: int) -> dict:
     }
 
 
-def write_result(name: str, lines: list[str]) -> str:
-    """Write a benchmark's Markdown lines to benchmarks/results/<name>.md and return the path."""
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"{name}.md")
+def write_result(name: str, lines: list[str], out_dir: str = RESULTS) -> str:
+    """Write a benchmark's Markdown lines to <out_dir>/<name>.md (benchmarks/results/ by default); return the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
     return path

@@ -11,40 +11,21 @@ cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, a
 event files come back in its result. A run already complete (its marker in
 <out>/done/) is skipped unless --rerun, so an interrupted sweep resumes where it stopped.
 
-Presets, with their wall time on 2 CPU cores (workers 1); "measured" figures come from runs of the preset, the
-others are estimates from the scripts' measured steps per second on a 2-core AMD EPYC with AVX2 only:
+Presets (each writes its report to benchmarks/results/<name>.md, which gives the runs' wall times):
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 8 and 0), plus sb3-contrib RecurrentPPO on
-                       the masked task, 5 seeds each, 150k steps: measured 82 minutes (RecurrentPPO is 2/3 of it).
-  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32: on a CPU with avx512_bf16
-                       measured 82 minutes for bf16 (304 steps/s, half an hour of it sharing the CPU) and 69 for
-                       float32 (363 steps/s); float32 on an AVX2 CPU took 109 minutes (228 steps/s, partly sharing the
-                       CPU); bf16 only where the CPU has bf16 instructions
-                       (emulated, it is 10x slower); `--configs atari_fp32` for one of them. On a GPU: see below.
-  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: measured 5.5 minutes (about 60 s a run alone).
+                       the masked task, 5 seeds each, 150k steps.
+  atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
+                       bf16 instructions: emulated, it is far slower); `--configs atari_fp32` for one of them.
+  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps.
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
-                       (gamma 0.99, lr 3e-4, minibatches of 64; the defaults are tuned for Pendulum): about 1100
-                       steps/s alone, 15 minutes a run, 2 h 15 for the 9 runs with workers 1.
-                       `--env-ids Hopper-v5` (with --preset) runs only that env's config.
+                       (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
                        (32 envs x 2048 steps, minibatches of 64, 10 epochs, gamma 0.999, lr 2.5e-4, clip 0.18),
-                       `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps
-                       (twice the updates, the same minibatches), `steps1024_gamma0.995`, `steps512` (four times
-                       the zoo's updates), and `steps1024_best` (steps1024 evaluated every 4 iterations, the best
-                       policy kept in best.pt); --compile: measured
-                       39-46 minutes a run (1808-2122 steps/s) before --rollout-threads, 35-36 minutes (2331-2376
-                       steps/s) with it, one run at a time on a 2-core AMD EPYC with avx512_bf16. Side by side, one
-                       thread each, runs make more of 2 cores: the seeds of `steps1024`, three at a time, took 68
-                       minutes of wall time (seeds 2 and 3, about 13 of them paused for benchmarks), those of
-                       `steps512` 65 minutes (15-20 paused). `--workers 3`
-                       runs the seeds of a config at once; `--configs steps1024` for one of the configs.
-  transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps: measured 67 minutes
-                       (248 steps/s, sharing the CPU with test runs part of the time).
-On a GPU: the FSMN and continuous scripts' networks are too small to gain from one (on an H200 machine, CUDA ran
-at 1467 vs 1400 and 1847 vs 2535 steps/s on its 16 CPU cores), so expect those presets' CPU times. The Atari
-presets are the ones a GPU shortens: ppo_atari.py ran at about 3700 steps/s eager and 6000 with --cudagraphs on an
-H100 (benchmarks/results/sps_atari_pong_gpu.md), so 10M steps of Pong take about 30 minutes there at CleanRL's 8
-envs; with 64-128 envs for the 16 emulator threads, 11,132-12,650 steps/s on H200 machines (atari_pong_gpu.md,
-atari_breakout_gpu.md), 13-15 minutes for 10M plus half a minute of start-up.
+                       `gamma0.99`, the same with gamma 0.99, `steps1024`, gamma 0.99 and 32 envs x 1024 steps,
+                       `steps1024_gamma0.995`, `steps512`, and `steps1024_best` (steps1024 evaluated every 4
+                       iterations, the best policy kept in best.pt); `--configs steps1024` for one of them.
+  transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
+On a GPU the Atari presets are the ones that gain; the FSMN and continuous networks are too small to.
 """
 
 import os
@@ -93,7 +74,7 @@ PRESETS: dict[str, dict] = {
     ),
     "atari-pong": dict(
         configs=[
-            Config("atari_bf16", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--bf16", "--no-channels-last"]),
+            Config("atari_bf16", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--bf16"]),
             Config("atari_fp32", ["ppo_atari.py", "--env-id", "PongNoFrameskip-v4"]),
         ],
         extra=["--total-timesteps", "1500000"],

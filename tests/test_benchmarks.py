@@ -119,3 +119,20 @@ def test_preset_configs_filter(monkeypatch):
     assert [(runner.env_of(c), s) for c, s in runs] == [("Hopper-v5", 4), ("Hopper-v5", 5)]
     with pytest.raises(SystemExit, match="--env-ids=Ant-v5 not in preset continuous-mujoco: HalfCheetah-v5, Hopper-v5"):
         runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5", "Ant-v5"]))
+
+
+@pytest.mark.smoke
+def test_sps_pair_against_an_earlier_commit(tmp_path):
+    """sps.py runs the peer, the script and the script as it was at a git commit, alternating, and writes the table
+    with each ratio; an unknown commit or variant is one line."""
+    flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "2048", "--variants", "eager"]
+    result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", "--out-dir", str(tmp_path), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / "sps_fsmn_cartpole_against_HEAD.md").read_text()
+    assert "| repeat | eager steps/s | HEAD eager steps/s | peer steps/s |" in text
+    assert "Median ratio eager/HEAD eager: **" in text and "Median ratio eager/peer: **" in text
+    assert "--variants eager --against HEAD`." in text
+    bad = run_script("benchmarks/sps.py", *flags[:4], "--against", "no-such-commit", cwd=str(tmp_path))
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --against=no-such-commit")
+    bad = run_script("benchmarks/sps.py", *flags[:4], "--variants", "nope", cwd=str(tmp_path))
+    assert bad.returncode != 0 and "error: --variants=nope not in pair fsmn-cartpole: eager, --compile" in bad.stderr
