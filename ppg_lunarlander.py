@@ -1,0 +1,719 @@
+"""Phasic Policy Gradient (Cobbe et al. 2020, arXiv 2009.04416) on LunarLander (CleanRL's `ppo.py`, plus PPG's phases).
+
+A policy network with a policy head and an auxiliary value head, and a separate value network (the paper's "dual"
+architecture). The policy phase is PPO: --n-iteration iterations of --e-policy epochs of the clipped policy loss and
+--e-value epochs of value loss. Every observation and return of those iterations is kept, and the auxiliary phase that
+follows distils value into the policy network (--e-auxiliary epochs of the auxiliary value loss plus --beta-clone times
+KL(pi_old || pi), which holds the policy) while it trains the value network further. `--e-auxiliary 0` is PPO with the
+same two networks: the in-script ablation.
+
+    python ppg_lunarlander.py                          # LunarLander-v3 on the CPU
+    python ppg_lunarlander.py --e-auxiliary 0          # the ablation: PPO with the same networks
+    python ppg_lunarlander.py --env-id CartPole-v1 --gamma 0.99 --total-timesteps 150000
+    python ppg_lunarlander.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
+
+Results: README.md.
+"""
+
+import copy
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+SCRIPT = "ppg_lunarlander"
+
+
+@dataclass
+class Args:
+    # TRY NOT TO MODIFY: experiment arguments
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (check out `videos` folder)"""
+    save_model: bool = False
+    """whether to save checkpoints to `runs/{run_name}/checkpoint.pt`"""
+    save_interval: int = 50
+    """with --save-model, write a checkpoint every this many iterations (and at the end)"""
+    resume: str | None = None
+    """path of a checkpoint of this script to continue training from (pass the same flags as the original run)"""
+    eval_checkpoint: str | None = None
+    """if set, do not train: load this checkpoint, play --eval-episodes episodes and print the mean and std"""
+    eval_episodes: int = 10
+    """number of episodes played by the evaluation mode"""
+    eval_deterministic: bool = True
+    """the evaluation mode takes the most likely action (otherwise it samples)"""
+    progress: bool = True
+    """show a progress bar (`--no-progress` to turn it off)"""
+
+    # ALGO LOGIC: algorithm arguments
+    env_id: str = "LunarLander-v3"
+    """the id of the environment (a gymnasium id with a Discrete action space and a flat Box observation)"""
+    total_timesteps: int = 1_000_000
+    """total timesteps of the experiments"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer (the auxiliary phase runs at the rate of the iteration it follows)"""
+    num_envs: int = 16
+    """the number of parallel game environments"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.999
+    """the discount factor gamma"""
+    gae_lambda: float = 0.98
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 16
+    """the number of mini-batches of the policy phase (formed over samples: it must divide num_envs * num_steps)"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+    norm_reward: bool = True
+    """scale rewards by the running std of the discounted return (saved in checkpoints)"""
+    reward_clip: float = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
+
+    # ALGO LOGIC: phasic policy gradient arguments
+    n_iteration: int = 32
+    """N_pi: policy-phase iterations between two auxiliary phases; the phase keeps their observations and returns,
+    n_iteration x num_envs x num_steps of each (its size is printed at the start)"""
+    e_policy: int = 1
+    """E_pi: epochs of the policy loss in each policy-phase iteration"""
+    e_value: int = 1
+    """E_V: epochs of the value loss in each policy-phase iteration"""
+    e_auxiliary: int = 6
+    """E_aux: epochs of the auxiliary phase (0: no auxiliary phase, PPO with the same two networks)"""
+    beta_clone: float = 1.0
+    """weight of KL(pi_old || pi), which holds the policy during the auxiliary phase"""
+    num_aux_rollouts: int = 4
+    """whole env rollouts (num_steps steps each) in a minibatch of the auxiliary phase; it must divide
+    n_iteration * num_envs"""
+
+    # ALGO LOGIC: network arguments
+    hidden_dim: int = 64
+    """width of the two tanh layers of the policy network and of the value network"""
+
+    # to be filled in runtime
+    batch_size: int = field(init=False)
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = field(init=False)
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = field(init=False)
+    """the number of iterations (computed in runtime)"""
+
+    def __post_init__(self):
+        for name in ("num_envs", "num_steps", "num_minibatches", "total_timesteps", "save_interval", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        for name in ("n_iteration", "num_aux_rollouts", "hidden_dim"):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        for name in ("e_policy", "e_value", "e_auxiliary"):
+            if getattr(self, name) < 0:
+                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be 0 or more")
+        if self.e_policy + self.e_value == 0:
+            raise SystemExit("error: --e-policy=0 and --e-value=0 leave the policy phase nothing to train")
+        if self.reward_clip <= 0 or self.beta_clone < 0:
+            raise SystemExit(
+                f"error: --reward-clip={self.reward_clip} must be positive and --beta-clone={self.beta_clone} >= 0"
+            )
+        if (self.n_iteration * self.num_envs) % self.num_aux_rollouts != 0:
+            raise SystemExit(
+                f"error: --num-aux-rollouts={self.num_aux_rollouts} must divide --n-iteration * --num-envs = "
+                f"{self.n_iteration * self.num_envs} (auxiliary minibatches are whole env rollouts)"
+            )
+        self.batch_size = self.num_envs * self.num_steps
+        if self.batch_size % self.num_minibatches != 0:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} must divide num_envs * num_steps = {self.batch_size}"
+            )
+        self.minibatch_size = self.batch_size // self.num_minibatches
+        if self.norm_adv and self.minibatch_size < 2:
+            raise SystemExit(
+                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
+                "advantage normalisation (--norm-adv) needs at least 2"
+            )
+        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id)
+        return env
+
+    return thunk
+
+
+def check_env_args(env_id: str) -> None:
+    """One clear line for an env this script cannot run: unknown id, non-discrete actions, a non-flat observation."""
+    if env_id not in gym.registry:
+        raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+    env = gym.make(env_id)
+    env.close()
+    if not isinstance(env.action_space, gym.spaces.Discrete) or len(env.observation_space.shape) != 1:
+        raise SystemExit(
+            f"error: --env-id={env_id} has {env.action_space} actions and {env.observation_space} observations; "
+            f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
+        )
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class RunningNorm(nn.Module):
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as in SB3's VecNormalize), clipped
+    to +-clip. Its statistics are buffers: checkpoints carry them. Rewards are divided by the std of its discounted
+    returns, which keeps the value targets near unit scale, as the auxiliary phase's loss needs."""
+
+    def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.clip, self.epsilon = clip, epsilon
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """x: (B, dim), a batch of raw observations."""
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+
+
+def mlp(in_dim: int, hidden_dim: int) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, hidden_dim)), nn.Tanh(), layer_init(nn.Linear(hidden_dim, hidden_dim)), nn.Tanh()
+    )
+
+
+class Agent(nn.Module):
+    """PPG's "dual" architecture (Cobbe et al. 2020, section 3.2): a policy network with a policy head (std 0.01) and an
+    auxiliary value head (std 1), and a separate value network. The policy phase trains the policy head and the value
+    network; the auxiliary phase trains the auxiliary value head through the policy network's trunk, and the value
+    network. The auxiliary phase's stored observations and returns are buffers of the agent, so checkpoints carry them
+    and a resumed run continues the phase where it stopped."""
+
+    def __init__(self, obs_dim: int, n_actions: int, args: Args):
+        super().__init__()
+        self.actor_trunk = mlp(obs_dim, args.hidden_dim)
+        self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
+        self.aux_critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+        self.critic = nn.Sequential(mlp(obs_dim, args.hidden_dim), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0))
+        self.return_norm = RunningNorm(1)  # statistics of the discounted return, for reward scaling
+        self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
+        self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        probs = Categorical(logits=self.actor(self.actor_trunk(x)), validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.get_value(x)
+
+    def get_pi_and_aux_value(self, x: torch.Tensor) -> tuple[Categorical, torch.Tensor]:
+        hidden = self.actor_trunk(x)
+        return Categorical(logits=self.actor(hidden), validate_args=False), self.aux_critic(hidden).squeeze(-1)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    final_values: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
+
+    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
+    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
+    its final observation (the next stored observation already belongs to the new episode).
+    """
+    dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
+    bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
+    next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
+    deltas = rewards + gamma * next_values - values
+    discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + discounts[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def minibatch_loss(
+    agent: Agent,
+    args: Args,
+    mb_obs: torch.Tensor,
+    mb_actions: torch.Tensor,
+    mb_logprobs: torch.Tensor,
+    mb_advantages: torch.Tensor,
+    mb_returns: torch.Tensor,
+    mb_values: torch.Tensor,
+    train_policy: bool,
+    train_value: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of samples, its policy part only in the first E_pi epochs and its value part only
+    in the first E_V. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip
+    fraction), without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    # the policy network and the value network share no weight: a part left out leaves its network's gradients None,
+    # so that the optimizer skips it (a zero gradient would still move it, by Adam's momentum)
+    loss = torch.zeros((), device=mb_obs.device)
+    if train_policy:
+        loss = loss + pg_loss - args.ent_coef * entropy_loss
+    if train_value:
+        loss = loss + v_loss * args.vf_coef
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+
+
+def auxiliary_loss(
+    agent: Agent, args: Args, mb_obs: torch.Tensor, mb_old_logits: torch.Tensor, mb_returns: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value head's error
+    plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value network. Returns the loss
+    and (KL, auxiliary value loss, value loss), without a host sync."""
+    probs, aux_value = agent.get_pi_and_aux_value(mb_obs)
+    kl_loss = torch.distributions.kl_divergence(Categorical(logits=mb_old_logits, validate_args=False), probs).mean()
+    aux_value_loss = 0.5 * ((aux_value - mb_returns) ** 2).mean()
+    real_value_loss = 0.5 * ((agent.get_value(mb_obs) - mb_returns) ** 2).mean()
+    loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
+    return loss, torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
+
+
+def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> list[float]:
+    """E_aux epochs over every stored observation, in minibatches of whole env rollouts, at the optimizer's current
+    learning rate. Returns the mean (KL, auxiliary value loss, value loss) over all minibatches."""
+    obs_dim = agent.phase_obs.shape[-1]
+    # (n_iteration * num_envs, num_steps, ...): one row per env rollout
+    aux_obs = agent.phase_obs.transpose(1, 2).reshape(-1, args.num_steps, obs_dim)
+    aux_returns = agent.phase_returns.transpose(1, 2).reshape(-1, args.num_steps)
+    with torch.no_grad():
+        old_logits = agent.get_pi_and_aux_value(aux_obs)[0].logits  # pi_old, fixed for the whole phase
+    rollout_inds, stats = np.arange(aux_obs.shape[0]), []
+    for epoch in range(args.e_auxiliary):
+        np.random.shuffle(rollout_inds)
+        for start in range(0, len(rollout_inds), args.num_aux_rollouts):
+            mb_inds = torch.as_tensor(rollout_inds[start : start + args.num_aux_rollouts], device=aux_obs.device)
+            loss, mb_stats = auxiliary_loss(agent, args, aux_obs[mb_inds], old_logits[mb_inds], aux_returns[mb_inds])
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            stats.append(mb_stats)
+    return torch.stack(stats).mean(0).tolist()
+
+
+def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
+    var_y = torch.var(y_true)
+    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+
+
+# TRY NOT TO MODIFY: checkpoint helpers
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp_path = f"{path}.tmp"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path: str, flag: str) -> dict:
+    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {flag}={path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != SCRIPT:
+        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+    return checkpoint
+
+
+def rng_states() -> dict:
+    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = {
+        "key": key.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def make_checkpoint(
+    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
+) -> dict:
+    return {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "run_name": run_name,
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states(),
+    }
+
+
+# ALGO LOGIC: evaluation
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    args = Args(**saved)
+    check_env_args(args.env_id)
+    env = make_env(args.env_id, 0, False, "")()
+    agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)
+    env.close()
+    agent.load_state_dict(checkpoint["model"])
+    return agent, args
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
+    """Play `episodes` whole episodes with a saved policy and return their returns."""
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    agent.eval()
+    env = make_env(saved_args.env_id, 0, False, "")()
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            probs, _ = agent.get_pi_and_aux_value(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            action = probs.logits.argmax(-1) if deterministic else probs.sample()
+            obs, reward, terminated, truncated, _ = env.step(action.item())
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def main(args: Args) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint is not None:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+        return
+    check_env_args(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name, tracking and logging
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=True,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup, agent and optimizer
+    # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
+    # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim = envs.single_observation_space.shape[0]
+
+    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    phase_mib = (agent.phase_obs.numel() + agent.phase_returns.numel()) * 4 / 2**20
+    print(f"the auxiliary phase keeps {args.n_iteration} x {args.num_steps} x {args.num_envs} steps ({phase_mib:.1f} MiB)")
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            raise SystemExit(
+                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
+            ) from None
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        set_rng_states(checkpoint["rng_states"])
+        if start_iteration > args.num_iterations:
+            raise SystemExit(
+                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
+            )
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
+    discounted_returns = np.zeros(args.num_envs)  # the running episodes' discounted returns, for reward scaling
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
+    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
+                if truncation.any():
+                    # bootstrap a truncated episode from the value of its final observation
+                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
+                    with torch.no_grad():
+                        final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom et al.
+            # 2020, arXiv 2005.12729; gymnasium's NormalizeReward): the statistics take in the rollout's returns first
+            if args.norm_reward:
+                rollout_returns = np.zeros_like(rewards_np)
+                for t in range(args.num_steps):
+                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
+                    rollout_returns[t] = discounted_returns
+                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
+                reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
+                rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)  # raw until here
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs)
+                advantages, returns = compute_gae(
+                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
+                )
+            phase_index = (iteration - 1) % args.n_iteration  # the auxiliary phase keeps this iteration's data
+            agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
+
+            # ALGO LOGIC: policy phase, E_pi epochs of the policy loss and E_V of the value loss over minibatches of samples
+            b_inds = np.arange(args.batch_size)
+            stats = []
+            for epoch in range(max(args.e_policy, args.e_value)):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                    minibatch = (obs, actions, logprobs, advantages, returns, values)
+                    parts = (epoch < args.e_policy, epoch < args.e_value)
+                    loss, mb_stats = minibatch_loss(agent, args, *(x.flatten(0, 1)[mb_inds] for x in minibatch), *parts)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                    break
+
+            # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
+            if iteration % args.n_iteration == 0 and args.e_auxiliary > 0:
+                aux_stats = auxiliary_phase(agent, optimizer, args)
+                writer.add_scalar("losses/aux/kl_loss", aux_stats[0], global_step)
+                writer.add_scalar("losses/aux/aux_value_loss", aux_stats[1], global_step)
+                writer.add_scalar("losses/aux/real_value_loss", aux_stats[2], global_step)
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
+            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
+            if not (np.isfinite(loss) and weights_finite):
+                raise SystemExit(
+                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                )
+            y_pred, y_true = values.flatten(), returns.flatten()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if recent_returns:
+                progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good)
+    except KeyboardInterrupt:
+        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
+        if last_good is not None:
+            save_checkpoint(checkpoint_path, last_good)
+            print(
+                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
+            )
+        signal.signal(signal.SIGINT, previous_handler)
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
