@@ -93,7 +93,7 @@ def recurrent_ppo(args: RecurrentPPOArgs) -> None:
 
 @dataclass
 class PPOArgs:
-    """SB3 PPO (MlpPolicy), for throughput at settings equal to a script's."""
+    """SB3 PPO (MlpPolicy): for throughput at settings equal to a script's, and the RL Zoo's LunarLander settings."""
 
     env_id: str = "CartPole-v1"
     seed: int = 1
@@ -103,6 +103,9 @@ class PPOArgs:
     batch_size: int = 128
     epochs: int = 4
     exp_name: str = "sb3_ppo"
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    ent_coef: float = 0.0
     normalize: bool = False
     """VecNormalize observations and rewards (as ppo_continuous.py does by default)"""
 
@@ -116,6 +119,9 @@ def sb3_ppo(args: PPOArgs) -> None:
         n_steps=args.num_steps,
         batch_size=args.batch_size,
         n_epochs=args.epochs,
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        ent_coef=args.ent_coef,
         seed=args.seed,
         device="cpu",
     )

@@ -25,6 +25,8 @@ Presets (each writes its report to benchmarks/results/<name>.md, which gives the
                        `steps1024_gamma0.995`, `steps512`, and `steps1024_best` (steps1024 evaluated every 4
                        iterations, the best policy kept in best.pt); `--configs steps1024` for one of them.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
+  ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
+                       with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
 On a GPU the Atari presets are the ones that gain; the FSMN and continuous networks are too small to.
 """
 
@@ -60,6 +62,10 @@ class Config:
     """script (relative to the repository root) and flags, without --seed"""
 
 
+# the RL Baselines3 Zoo's PPO settings for LunarLander: 16 envs x 1024 steps, minibatches of 64, 4 epochs
+LUNAR_ZOO = ["--num-envs", "16", "--num-steps", "1024", "--batch-size", "64", "--epochs", "4"]
+LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01"]
+
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
         configs=[
@@ -71,6 +77,17 @@ PRESETS: dict[str, dict] = {
         extra=["--total-timesteps", "150000"],
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="fsmn_cartpole", threshold=475.0, title="FSMN PPO on CartPole-v1 and masked-velocity CartPole"),
+    ),
+    "ppg-lunarlander": dict(
+        configs=[
+            Config("ppg", ["ppg_lunarlander.py"]),
+            Config("ppg_noaux", ["ppg_lunarlander.py", "--e-auxiliary", "0"]),
+            Config("sb3_ppo_zoo", ["benchmarks/peers.py", "sb3-ppo", "--env-id", "LunarLander-v3", *LUNAR_ZOO]),
+            Config("fsmn", ["ppo_fsmn_cartpole.py", "--env-id", "LunarLander-v3"]),
+        ],
+        extra=["--total-timesteps", "1000000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name="ppg_lunarlander", threshold=200.0, title="PPG, its ablation and PPO on LunarLander-v3"),
     ),
     "atari-pong": dict(
         configs=[
