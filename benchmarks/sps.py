@@ -126,7 +126,8 @@ class Args:
     out_dir: str = os.path.join(ROOT, "benchmarks", "results")
     """where the table is written"""
     against: str | None = None
-    """a git commit (or branch) whose copy of the script also runs every variant, for a before/after ratio"""
+    """a git commit (or a folder holding the scripts as they were) whose copy of the script also runs every variant,
+    for a before/after ratio"""
 
 
 def measured_sps(run_dir: str, burn_in_steps: int) -> float:
@@ -168,7 +169,10 @@ def command_line(args: Args) -> str:
 
 
 def extract_commit(ref: str) -> str:
-    """The repository's files at git commit `ref`, in a temporary folder (one clear line if git cannot find it)."""
+    """The repository's files at git commit `ref`, in a temporary folder (one clear line if git cannot find it); a
+    folder given as `ref` (the scripts as they were, copied where there is no git history) is used as it is."""
+    if os.path.isdir(ref):
+        return os.path.abspath(ref)
     folder = tempfile.mkdtemp(prefix="sps_against_")
     archive = subprocess.run(["git", "-C", ROOT, "archive", ref], capture_output=True)
     if archive.returncode != 0:
@@ -229,7 +233,9 @@ def main(args: Args) -> None:
         "Peak resident memory (MiB, largest over repeats): " + ", ".join(f"{n} {max(m):.0f}" for n, m in memory.items()) + ".",
         "",
     ]
-    name = f"sps_{args.pair.replace('-', '_')}" + (f"_against_{args.against}" if args.against else "")
+    name = f"sps_{args.pair.replace('-', '_')}" + (
+        f"_against_{os.path.basename(os.path.normpath(args.against))}" if args.against else ""
+    )
     path = write_result(name, lines, args.out_dir)
     print("\n".join(line for line in lines if line.startswith("Median")))
     print(path)
