@@ -295,20 +295,12 @@ def compute_gae(
 
 
 def minibatch_loss(
-    agent: Agent,
-    args: Args,
-    mb_obs: torch.Tensor,
-    mb_actions: torch.Tensor,
-    mb_logprobs: torch.Tensor,
-    mb_advantages: torch.Tensor,
-    mb_returns: torch.Tensor,
-    mb_values: torch.Tensor,
-    train_policy: bool,
-    train_value: bool,
+    agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The PPO loss of one minibatch of samples, its policy part only in the first E_pi epochs and its value part only
     in the first E_V. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip
     fraction), without a host sync."""
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -384,11 +376,6 @@ def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) 
     return torch.stack(stats).mean(0).tolist()
 
 
-def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
-    var_y = torch.var(y_true)
-    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
-
-
 # TRY NOT TO MODIFY: checkpoint helpers
 def save_checkpoint(path: str, checkpoint: dict) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
@@ -413,15 +400,9 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
-    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
-    numpy_state = {
-        "key": key.tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
-    }
-    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    kind, key, *rest = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -429,8 +410,8 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    kind, key, *rest = states["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -650,8 +631,8 @@ def main(args: Args) -> None:
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     minibatch = (obs, actions, logprobs, advantages, returns, values)
-                    parts = (epoch < args.e_policy, epoch < args.e_value)
-                    loss, mb_stats = minibatch_loss(agent, args, *(x.flatten(0, 1)[mb_inds] for x in minibatch), *parts)
+                    parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
+                    loss, mb_stats = minibatch_loss(agent, args, *(x.flatten(0, 1)[mb_inds] for x in minibatch), **parts)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -677,6 +658,8 @@ def main(args: Args) -> None:
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
+            var_y = torch.var(y_true)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -685,7 +668,7 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

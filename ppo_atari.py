@@ -1,31 +1,20 @@
-"""PPO on Atari with the NatureCNN, as fast as the hardware allows (CleanRL's `ppo_atari.py`, rebuilt for speed).
+"""PPO on Atari with the NatureCNN (CleanRL's `ppo_atari.py`), the whole preprocessing in ale-py's C++ vector env.
 
-The environments run in ale-py's native C++ vector environment (`ale_py.vector_env.AtariVectorEnv`): frame skip 4
-with max-pooling, 84x84 grayscale, a stack of 4 frames, up to 30 no-op actions at reset, FIRE at reset, episodic
-life and reward clipping for training, all inside the emulator's threads. Observations stay uint8 in the rollout
-storage (4x smaller than float) and are scaled inside the network. On a CPU, PPO on Atari is bound by the network's
-compute, so the NatureCNN runs in channels-last layout (default) and, with `--bf16`, under bfloat16 autocast
-(weights, losses and the optimizer stay float32).
+Frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames, noop and FIRE resets and a termination at every
+life lost for training, all inside the emulator's threads; the script clips rewards for training and logs each whole
+game's raw score in `charts/episodic_return`, as CleanRL does. Frames stay uint8 in the rollout storage and are scaled
+inside the network. `--bf16` runs the network under bfloat16 autocast; `--cudagraphs` replays the rollout step and the
+minibatch update as CUDA graphs.
 
     python ppo_atari.py --env-id PongNoFrameskip-v4              # CleanRL's defaults, 10M steps
-    python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # faster on CPUs with bf16 instructions
-    python ppo_atari.py --cudagraphs                             # on a GPU: replay each step as one CUDA graph
+    python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # on CPUs with bf16 instructions (avx512_bf16, AMX)
+    python ppo_atari.py --cudagraphs                             # on a GPU
     python ppo_atari.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
 
-`charts/episodic_return` is the raw score of a whole game (all lives, unclipped), as CleanRL reports it, although
-training sees clipped rewards and a termination at every life lost.
-
-Pong with the defaults, seed 1, on 2 CPU cores (`python benchmarks/run.py --preset atari-pong`): the mean of the
-last 20 games reaches 0 at 1.25M steps in float32 and 1.08M with --bf16, +8.8 and +2.7 at 1.5M (about 70 and 80
-minutes on a CPU with avx512_bf16; float32 on an AVX2 machine: 0 at 855k, +18.4 at 1.5M).
-
-Measured on 2 CPU cores (AMD EPYC, AVX2): 1.52x the steps/s of SB3's PPO CnnPolicy at equal settings, float32
-(`python benchmarks/sps.py --pair atari-pong`); on an H100, 5.7x SB3 on the same GPU with `--cudagraphs`
-(`--pair atari-pong-gpu`); see README.md and benchmarks/results/.
+Results: README.md, benchmarks/results/atari_pong.md, benchmarks/results/atari_pong_gpu.md.
 """
 
 import copy
-import functools
 import os
 import random
 import signal
@@ -118,11 +107,9 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
 
-    # ALGO LOGIC: speed arguments (none of them changes what is computed, beyond floating-point rounding)
-    channels_last: bool = True
-    """run the convolutions in channels-last (NHWC) layout, about 1.4x faster on CPUs"""
+    # ALGO LOGIC: network arguments
     bf16: bool = False
-    """run the forward passes under bfloat16 autocast (weights, losses and optimizer stay float32)"""
+    """run the network under bfloat16 autocast, in the default layout (float32: channels-last); weights stay float32"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     cudagraphs: bool = False
@@ -139,17 +126,13 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in (
-            "num_envs",
-            "num_steps",
-            "num_minibatches",
-            "update_epochs",
-            "total_timesteps",
-            "save_interval",
-            "eval_episodes",
-        ):
+        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "save_interval"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
+        if self.eval_episodes < 1 or self.env_threads < 0:
+            raise SystemExit(
+                f"error: --eval-episodes={self.eval_episodes} must be >= 1 and --env-threads={self.env_threads} >= 0"
+            )
         self.batch_size = self.num_envs * self.num_steps
         if self.batch_size % self.num_minibatches != 0:
             raise SystemExit(
@@ -162,6 +145,27 @@ class Args:
                 "advantage normalisation (--norm-adv) needs at least 2"
             )
         self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def make_envs(
+    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
+) -> AtariVectorEnv:
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), whose defaults are
+    the classic ones: frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames. Training envs end an
+    episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv) and
+    the script clips their rewards; evaluation envs play whole games. Rewards come back raw either way, so that a
+    game's score can be summed before clipping."""
+    return AtariVectorEnv(
+        **atari_settings(env_id),
+        num_envs=num_envs,
+        num_threads=threads or min(num_envs, os.cpu_count() or 1),
+        noop_max=noop_max,
+        use_fire_reset=fire_reset,
+        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
+        life_loss_info=training,
+        reward_clipping=False,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
 
 
 def atari_settings(env_id: str) -> dict:
@@ -196,34 +200,8 @@ def atari_settings(env_id: str) -> dict:
     )
 
 
-def make_envs(
-    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
-) -> AtariVectorEnv:
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015). Training envs
-    end an episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv)
-    and the script clips their rewards; evaluation envs play whole games and score them raw. Rewards come back raw
-    either way, so that a game's score can be summed before clipping."""
-    return AtariVectorEnv(
-        **atari_settings(env_id),
-        num_envs=num_envs,
-        num_threads=threads or min(num_envs, os.cpu_count() or 1),
-        noop_max=noop_max,
-        frameskip=4,
-        maxpool=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
-        use_fire_reset=fire_reset,
-        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
-        life_loss_info=training,
-        reward_clipping=False,
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-
-
 class RecordGameStatistics(gym.vector.VectorWrapper):
-    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, `t`) and `info["_episode"]` when a game
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`) and `info["_episode"]` when a game
     ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
     is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
     are agent steps (4 frames each).
@@ -237,13 +215,10 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         self.returns = np.zeros(self.num_envs)
         self.lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.lives = np.zeros(self.num_envs, dtype=np.int64)
-        self.start_time = time.perf_counter()
-        self.starts = np.full(self.num_envs, self.start_time)
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
         self.returns[:], self.lengths[:], self.lives[:] = 0, 0, info["lives"]
-        self.starts[:] = time.perf_counter()
         return obs, info
 
     def step(self, actions):
@@ -253,15 +228,10 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         game_over = truncations | (terminations & (info["lives"] >= self.lives))
         self.lives = info["lives"].astype(np.int64)
         if game_over.any():
-            now = time.perf_counter()
             info = dict(info)
-            info["episode"] = {
-                "r": np.where(game_over, self.returns, 0.0),
-                "l": np.where(game_over, self.lengths, 0),
-                "t": np.where(game_over, np.round(now - self.starts, 6), 0.0),
-            }
+            info["episode"] = {"r": np.where(game_over, self.returns, 0.0), "l": np.where(game_over, self.lengths, 0)}
             info["_episode"] = game_over
-            self.returns[game_over], self.lengths[game_over], self.starts[game_over] = 0, 0, now
+            self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
 
 
@@ -283,7 +253,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 class Agent(nn.Module):
     """The NatureCNN (Mnih et al. 2015) with a policy head (std 0.01) and a value head (std 1) on its 512 features."""
 
-    def __init__(self, n_actions: int):
+    def __init__(self, n_actions: int, args: Args):
         super().__init__()
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4)),  # (B, 32, 20, 20)
@@ -298,15 +268,30 @@ class Agent(nn.Module):
         )
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+        self.bf16 = args.bf16
+        # the layout follows --bf16: channels-last is the faster one in float32 and the slower one under bf16 on CPUs
+        # (benchmarks/results/atari_ceiling.md, the training loop's steps/s)
+        self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
+        self.to(memory_format=self.memory_format)
 
-    def forward(self, obs: torch.Tensor, memory_format: torch.memory_format) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs: (B, 4, 84, 84) uint8 -> logits (B, A) and values (B,), float32 even under autocast."""
-        # straight to the autocast dtype, scaled in place: one frame-sized allocation (each is a fresh mmap here)
-        device = obs.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-        x = obs.contiguous(memory_format=memory_format).to(dtype).div_(255.0)  # the layout of the uint8 frames carries over
-        hidden = self.network(x)
-        return self.actor(hidden).float(), self.critic(hidden).squeeze(-1).float()
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, 4, 84, 84) uint8 frames -> logits (B, A) and values (B,), float32 even under --bf16."""
+        # no cache of cast weights: each forward casts each weight once anyway, and a cache cannot live in a CUDA graph
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
+            # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
+            x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
+            hidden = self.network(x.div_(255.0))
+            return self.actor(hidden).float(), self.critic(hidden).squeeze(-1).float()
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)[1]
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        logits, value = self(x)
+        probs = Categorical(logits=logits, validate_args=False)  # a check is a host sync, which a CUDA graph cannot hold
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), value
 
 
 def compute_gae(
@@ -339,50 +324,11 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
-    var_y = torch.var(y_true)
-    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
-
-
-def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
-    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
-    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
-    action = torch.argmax(logits + gumbel, dim=-1)
-    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-
-@torch.no_grad()
-def rollout_step(
-    policy: nn.Module, memory_format: torch.memory_format, autocast: torch.autocast, obs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One rollout step's inference: obs (B, 4, 84, 84) uint8 -> sampled actions, their log-probabilities, values."""
-    with autocast:
-        logits, value = policy(obs, memory_format)
-    return *sample_action(logits), value
-
-
-def update_minibatch(
-    policy: nn.Module,
-    agent: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    args: Args,
-    memory_format: torch.memory_format,
-    autocast: torch.autocast,
-    mb_obs: torch.Tensor,
-    mb_actions: torch.Tensor,
-    mb_logprobs: torch.Tensor,
-    mb_advantages: torch.Tensor,
-    mb_returns: torch.Tensor,
-    mb_values: torch.Tensor,
-) -> torch.Tensor:
-    """One PPO step on one minibatch: forward, clipped losses, backward, gradient clipping, optimizer step. Returns
-    (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip fraction), without a host sync."""
-    with autocast:
-        new_logits, newvalue = policy(mb_obs, memory_format)
-    probs = Categorical(logits=new_logits, validate_args=False)
-    newlogprob, entropy = probs.log_prob(mb_actions), probs.entropy()
+def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of samples. Returns the loss and (value loss, policy loss, entropy, old approx
+    KL, approx KL, loss, clip fraction), without a host sync."""
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
 
@@ -411,20 +357,15 @@ def update_minibatch(
 
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-    optimizer.zero_grad()
-    loss.backward()
-    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-    optimizer.step()
-    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
 def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
-    """Capture `fn(*inputs)` once as a CUDA graph (--cudagraphs) and return a function with fn's signature that
-    copies its arguments into the captured inputs and replays the graph: one launch instead of one per kernel. Its
-    outputs are the captured tensors, overwritten by the next call. Capturing needs a few warm-up calls first; when
-    `fn` is an update, pass its agent and optimizer so that the weights and the optimizer's state are put back as
-    they were before them (a fresh optimizer's state is zeros, its step 0)."""
+    """Capture `fn(*inputs)` once as a CUDA graph and return a function with fn's signature that copies its arguments
+    into the captured inputs and replays the graph (one launch instead of one per kernel); its outputs are the captured
+    tensors, overwritten by the next call. Capturing needs a few warm-up calls first: when `fn` is an update, pass its
+    agent and optimizer so that the weights and the optimizer's state are put back as they were (a fresh optimizer's
+    state is zeros, its step 0)."""
     inputs = [x.clone() for x in example_inputs]
     weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
     state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
@@ -480,15 +421,9 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
-    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
-    numpy_state = {
-        "key": key.tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
-    }
-    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    kind, key, *rest = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -496,8 +431,8 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    kind, key, *rest = states["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -521,9 +456,10 @@ def make_checkpoint(
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    saved.pop("channels_last", None)  # a flag that checkpoints saved before the layout followed --bf16 still hold
     args = Args(**saved)
     envs = make_envs(args.env_id, 1, training=False)
-    agent = Agent(envs.single_action_space.n).to(device)
+    agent = Agent(envs.single_action_space.n, args).to(device)
     envs.close()
     agent.load_state_dict(checkpoint["model"])
     return agent, args
@@ -534,14 +470,12 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
-    memory_format = torch.channels_last if saved_args.channels_last else torch.contiguous_format
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
     obs, _ = envs.reset(seed=seed)
     scores = []
     while len(scores) < episodes:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=saved_args.bf16):
-            logits, _ = agent(torch.as_tensor(obs, device=device), memory_format)
-        action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
+        logits, _ = agent(torch.as_tensor(obs, device=device))
+        action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
         if "episode" in infos:
             scores.append(float(infos["episode"]["r"][0]))
@@ -557,6 +491,8 @@ def main(args: Args) -> None:
         return
     if args.cudagraphs and device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device (none is available here, or --no-cuda was given)")
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -591,15 +527,13 @@ def main(args: Args) -> None:
     # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
     # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
     envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
-    agent = Agent(envs.single_action_space.n).to(device)
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    agent = agent.to(memory_format=memory_format)
-    policy = torch.compile(agent) if args.compile else agent  # the same parameters; `agent` is what gets saved
-    # no cache of cast weights: each forward casts each weight once anyway, and a cache cannot live in a CUDA graph
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False)
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
+
+    agent = Agent(envs.single_action_space.n, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -617,9 +551,6 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
             )
-    # a captured optimizer step (--cudagraphs) reads its learning rate from a tensor on the GPU, set in place
-    lr = float(optimizer.param_groups[0]["lr"])
-    optimizer.param_groups[0].update(lr=torch.tensor(lr, device=device) if args.cudagraphs else lr, capturable=args.cudagraphs)
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
@@ -631,20 +562,33 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, device=device)
 
-    # ALGO LOGIC: the rollout step and the minibatch update, run as they are or replayed as CUDA graphs
-    policy_step = functools.partial(rollout_step, policy, memory_format, autocast)
-    update = functools.partial(update_minibatch, policy, agent, optimizer, args, memory_format, autocast)
-    if args.cudagraphs:  # captured on example inputs of the right shapes; the update's warm-up steps are undone
-        policy_step = cuda_graph(policy_step, obs[0])
-        mb = slice(0, args.minibatch_size)
-        example = (obs.flatten(0, 1)[mb], actions.flatten()[mb], *[torch.zeros(args.minibatch_size, device=device)] * 4)
+    # ALGO LOGIC: --cudagraphs, the rollout's inference call and the whole minibatch update replayed as CUDA graphs
+    # A resumed run's optimizer takes the form that its own flags ask for, whatever the checkpoint's run used.
+    lr = float(optimizer.param_groups[0]["lr"])
+    optimizer.param_groups[0].update(lr=lr, capturable=args.cudagraphs)
+    if args.cudagraphs:
+        # a captured optimizer step reads its learning rate from this tensor, which the minibatch loop sets in place to
+        # the annealed rate (`lr` keeps it alive: the graph holds only its address)
+        lr = optimizer.param_groups[0]["lr"] = torch.tensor(lr, device=device)
+
+        def update(*minibatch: torch.Tensor) -> torch.Tensor:  # the minibatch loop's update, as one function to capture
+            loss, mb_stats = loss_fn(agent, args, *minibatch)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            return mb_stats
+
+        # captured on example inputs of the right shapes; the update's warm-up steps are undone
+        get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value), obs[0])
+        example = [x.flatten(0, 1)[: args.minibatch_size] for x in (obs, actions, logprobs, values, values, values)]
         update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, device=device)
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
@@ -663,10 +607,7 @@ def main(args: Args) -> None:
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                if args.cudagraphs:
-                    optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)  # the tensor the graph reads
-                else:
-                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
             final_values.zero_()
@@ -676,7 +617,8 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                action, logprob, value = policy_step(next_obs)
+                with torch.no_grad():
+                    action, logprob, _, value = get_action_and_value(next_obs)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -686,12 +628,9 @@ def main(args: Args) -> None:
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
                     # bootstrap a game cut at the frame limit from the value of its final observation
-                    with torch.no_grad(), autocast:
-                        _, final_value = policy(torch.as_tensor(infos["final_obs"], device=device), memory_format)
+                    with torch.no_grad():
+                        final_value = agent.get_value(torch.as_tensor(infos["final_obs"], device=device))
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
-                    game_over = "episode" in infos and infos["_episode"][0]
-                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
                 next_obs = torch.as_tensor(next_obs_np, device=device)
 
                 # TRY NOT TO MODIFY: episode statistics
@@ -702,31 +641,28 @@ def main(args: Args) -> None:
                         recent_returns = (recent_returns + [float(r)])[-20:]
 
                 # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
-                if args.capture_video and "episode" in infos and infos["_episode"][0]:
-                    if capped_cubic_video_schedule(videos_saved):
+                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # also save_video's default schedule
                         frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        save_video(
-                            frames, f"videos/{run_name}", episode_trigger=lambda _: True, episode_index=videos_saved, fps=15
-                        )
-                    videos_saved, video_frames = videos_saved + 1, []
+                        save_video(frames, f"videos/{run_name}", episode_index=videos_saved, fps=15)
+                    if game_over:
+                        videos_saved, video_frames = videos_saved + 1, []
 
             # ALGO LOGIC: bootstrap value and advantages
             rewards, terminations, truncations = (
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
             )
             with torch.no_grad():
-                with autocast:
-                    _, next_value = policy(next_obs, memory_format)
+                next_value = agent.get_value(next_obs)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
 
-            # flatten the batch
-            b_obs = obs.flatten(0, 1)  # (batch, 4, 84, 84) uint8
-            b_logprobs, b_actions = logprobs.flatten(), actions.flatten()
-            b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
-
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            b_obs, b_actions, b_logprobs = obs.flatten(0, 1), actions.flatten(), logprobs.flatten()  # b_obs (batch, 4, 84, 84)
+            b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
             b_inds = np.arange(args.batch_size)
             stats = []
             for epoch in range(args.update_epochs):
@@ -734,7 +670,16 @@ def main(args: Args) -> None:
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
-                    stats.append(update(*(x[mb_inds] for x in minibatch)).clone())  # a graph overwrites its outputs
+                    if args.cudagraphs:  # the five lines below, replayed as one captured graph at the annealed rate
+                        lr.fill_(optimizer.param_groups[0]["lr"])
+                        stats.append(update(*(x[mb_inds] for x in minibatch)).clone())  # a replay overwrites its outputs
+                        continue
+                    loss, mb_stats = loss_fn(agent, args, *(x[mb_inds] for x in minibatch))
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
 
                 if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                     break
@@ -748,6 +693,8 @@ def main(args: Args) -> None:
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
+            var_y = torch.var(y_true)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -756,7 +703,7 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

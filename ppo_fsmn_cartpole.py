@@ -18,7 +18,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import gymnasium as gym
 import numpy as np
@@ -127,20 +127,12 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in (
-            "num_envs",
-            "num_steps",
-            "num_minibatches",
-            "update_epochs",
-            "total_timesteps",
-            "save_interval",
-            "eval_episodes",
-            "hidden_dim",
-        ):
+        positive = ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "save_interval")
+        for name in (*positive, "eval_episodes", "hidden_dim", "num_blocks"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        if self.num_blocks < 1 or self.memory_order < 0:
-            raise SystemExit(f"error: --num-blocks={self.num_blocks} must be >= 1 and --memory-order={self.memory_order} >= 0")
+        if self.memory_order < 0:
+            raise SystemExit(f"error: --memory-order={self.memory_order} must be at least 0")
         if self.num_envs % self.num_minibatches != 0:
             raise SystemExit(
                 f"error: --num-minibatches={self.num_minibatches} must divide --num-envs={self.num_envs} "
@@ -163,13 +155,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
-        if mask_velocity:
-            # CartPole's observation is [x, x_dot, theta, theta_dot]: keep [x, theta], as in the
-            # "CartPoleNoVel" task of the RL baselines zoo; the policy has to infer velocities from memory.
-            low, high = env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]]
-            env = gym.wrappers.TransformObservation(
-                env, lambda obs: obs[[0, 2]], observation_space=gym.spaces.Box(low, high, dtype=np.float32)
-            )
+        if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
+            space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
+            env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
         return env
 
     return thunk
@@ -177,23 +165,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
 
 def check_env_args(env_id: str, mask_velocity: bool) -> None:
     """One clear line for an env this script cannot run: unknown id, non-discrete actions, masking a non-CartPole."""
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
-        raise SystemExit(
-            f"error: --env-id={env_id} is not a registered gymnasium id "
-            "(list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`)"
-        ) from None
-    env = gym.make(spec)
-    action_space, observation_space = env.action_space, env.observation_space
+    if env_id not in gym.registry:
+        raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+    env = gym.make(env_id)
     env.close()
-    if not isinstance(action_space, gym.spaces.Discrete):
+    if not isinstance(env.action_space, gym.spaces.Discrete) or len(env.observation_space.shape) != 1:
         raise SystemExit(
-            f"error: --env-id={env_id} has a {type(action_space).__name__} action space; "
-            f"{SCRIPT}.py needs a Discrete one (e.g. CartPole-v1, Acrobot-v1); use ppo_continuous.py for Box actions"
+            f"error: --env-id={env_id} has {env.action_space} actions and {env.observation_space} observations; "
+            f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
         )
-    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
-        raise SystemExit(f"error: --env-id={env_id} must have a flat Box observation space, not {observation_space}")
     if mask_velocity and not env_id.startswith("CartPole"):
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
 
@@ -205,10 +185,9 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class RunningNorm(nn.Module):
-    """Observation normalisation by a running mean and variance (Chan et al.'s parallel update, as in SB3's
-    VecNormalize), clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which
-    never calls `update`, uses them frozen. Velocities hidden, CartPole's policy reads them from differences of
-    consecutive angles of about 1e-3 rad: unit-variance inputs make those differences learnable."""
+    """Observation normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
+    clipped to +-clip; its statistics are buffers, so checkpoints carry them and evaluation uses them frozen. With the
+    velocities hidden, unit-variance inputs make the small differences of consecutive positions learnable."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -231,16 +210,14 @@ class RunningNorm(nn.Module):
 
 
 class FSMNBlock(nn.Module):
-    """One DFSMN block, run either one step at a time (with a memory of past steps) or over a whole sequence.
+    """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence.
 
         h_t = tanh(W_in x_t)                                  linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-i}                memory: causal depthwise conv over time
         y_t = LayerNorm(x_t + W_out m_t)                      output projection, skip, normalisation
 
-    Tap a_0 weights the current step and a_N the oldest.
-    h_{t-i} is zero for steps before the current episode began, so memory never crosses an episode.
-    The taps start at zero: the block starts memoryless and learns how much of the past to use.
-    """
+    h_{t-i} is zero before the current episode began, so memory never crosses an episode. The taps start at zero: the
+    block starts memoryless and learns how much of the past to use."""
 
     def __init__(self, dim: int, memory_order: int):
         super().__init__()
@@ -278,11 +255,10 @@ class FSMNTrunk(nn.Module):
 
     def step(self, obs: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """obs: (B, obs_dim); memory: (num_blocks, B, N, H) -> features (B, H), new memory."""
-        x = torch.tanh(self.embed(obs))
-        new_memory = []
+        x, new_memory = torch.tanh(self.embed(obs)), []
         for block, block_memory in zip(self.blocks, memory):
-            x, c = block.step(x, block_memory)
-            new_memory.append(c)
+            x, block_memory = block.step(x, block_memory)
+            new_memory.append(block_memory)
         return x, torch.stack(new_memory)
 
     def sequence(self, obs: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
@@ -390,21 +366,11 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def minibatch_loss(
-    agent: Agent,
-    args: Args,
-    mb_obs: torch.Tensor,
-    mb_memory: torch.Tensor,
-    mb_starts: torch.Tensor,
-    mb_actions: torch.Tensor,
-    mb_logprobs: torch.Tensor,
-    mb_advantages: torch.Tensor,
-    mb_returns: torch.Tensor,
-    mb_values: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the memory saved
     at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss,
     clip fraction), without a host sync."""
+    mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -437,11 +403,6 @@ def minibatch_loss(
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
-def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
-    var_y = torch.var(y_true)
-    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
-
-
 # TRY NOT TO MODIFY: checkpoint helpers
 def save_checkpoint(path: str, checkpoint: dict) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
@@ -466,15 +427,9 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
-    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
-    numpy_state = {
-        "key": key.tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
-    }
-    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    kind, key, *rest = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -482,8 +437,8 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    kind, key, *rest = states["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -506,8 +461,8 @@ def make_checkpoint(
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
-    args = Args(**saved)
+    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     check_env_args(args.env_id, args.mask_velocity)
     env = make_env(args.env_id, 0, False, "", args.mask_velocity)()
     agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)
@@ -525,12 +480,8 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        memory, start, done, total = (
-            agent.initial_memory(1, device),
-            torch.ones(1, dtype=torch.bool, device=device),
-            False,
-            0.0,
-        )
+        memory, start = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
+        done, total = False, 0.0
         while not done:
             obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
             hidden, memory = agent.get_states(obs_t, memory, start)
@@ -728,6 +679,8 @@ def main(args: Args) -> None:
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
+            var_y = torch.var(y_true)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -736,7 +689,7 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

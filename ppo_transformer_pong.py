@@ -1,31 +1,17 @@
 """PPO whose policy attends over the frames of the current episode: a causal transformer, cached and windowed.
 
-Every step, one 84x84 grayscale frame (no frame stack: time is the transformer's job) is encoded by the NatureCNN's
-convolutions into a token. A pre-norm causal transformer attends from the current token to the last `lookback`
-tokens of the current episode, with a learned bias per head and distance as its positional information; the actor
-and critic heads read the current token's output. The same weights run two ways, and they agree (tested to 1e-5):
+One 84x84 grayscale frame per step (no frame stack: time is the transformer's job) becomes a token through the
+NatureCNN's convolutions, and a causal transformer attends from it to the last `--lookback` tokens of the episode.
+Rollouts run it step by step with a per-env key/value cache; training replays each env's whole rollout in one pass
+with sliding-window attention from the memory saved at the rollout's start, episode boundaries masked, so every sample
+sees the context it acted with. The environments are ppo_atari.py's.
 
-- Rollouts keep a per-environment key/value cache of the last `lookback` steps of every layer, a ring buffer: a step
-  computes the new frame's query, key and value only, writes the key and value over the oldest slot in place and
-  attends to the cache, at a cost linear in `lookback` and independent of the step's place in the episode. The cache
-  is emptied when an episode begins.
-- Training runs each environment's whole rollout in one pass with sliding-window causal attention over the
-  `lookback` cached steps that preceded the rollout plus its `num_steps` new ones, under a band-and-episode mask,
-  instead of re-encoding a window of frames for every sample. Minibatches are whole environment sequences.
-
-The environments are ppo_atari.py's: ale-py's C++ vector env, frame skip 4 with max-pooling, noop and FIRE resets, a
-life lost ends an episode for training (and empties the memory), rewards clipped for training, raw whole-game scores
-in `charts/episodic_return`.
-
-    python ppo_transformer_pong.py                                   # Pong, 10M steps
-    python ppo_transformer_pong.py --lookback 64 --n-layers 3
+    python ppo_transformer_pong.py                                # PongNoFrameskip-v4, 10M steps
+    python ppo_transformer_pong.py --lookback 64 --n-layers 3     # a longer memory, a deeper transformer
+    python ppo_transformer_pong.py --bf16                         # bfloat16 autocast: CPUs with bf16 instructions, GPUs
     python ppo_transformer_pong.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
 
-Defaults: ppo_atari.py's PPO settings (CleanRL's Atari ones), with minibatches of 2 whole env sequences; lookback 16,
-since the seed project found short lookbacks (10) learn faster on Pong than long ones (256); 2 layers, 4 heads,
-d_model 128. Measured on 2 CPU cores (AMD EPYC, AVX2), seed 1: Pong from -20.5 to +5.0 (mean of the last 20 games)
-in 1M steps and 67 minutes (`python benchmarks/run.py --preset transformer-pong`); 1.12x the steps/s of ppo_atari.py
-at equal settings (`python benchmarks/sps.py --pair transformer-pong`); see README.md and benchmarks/results/.
+Results: README.md, benchmarks/results/transformer_pong.md.
 """
 
 import copy
@@ -103,7 +89,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches (each holds num_envs / num_minibatches whole env sequences)"""
+    """the number of mini-batches (formed over environments: it must divide num_envs)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
@@ -121,7 +107,7 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
 
-    # ALGO LOGIC: network and memory arguments
+    # ALGO LOGIC: network arguments
     lookback: int = 16
     """how many past steps of the current episode a step attends to (0: the memoryless ablation)"""
     d_model: int = 128
@@ -130,12 +116,8 @@ class Args:
     """number of transformer layers"""
     n_heads: int = 4
     """number of attention heads (must divide --d-model)"""
-
-    # ALGO LOGIC: speed arguments (none of them changes what is computed, beyond floating-point rounding)
-    channels_last: bool = True
-    """run the convolutions in channels-last (NHWC) layout, about 1.4x faster on CPUs"""
     bf16: bool = False
-    """run the forward passes under bfloat16 autocast (weights, losses and optimizer stay float32)"""
+    """run the network under bfloat16 autocast, in the default layout (float32: channels-last); weights stay float32"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     env_threads: int = 0
@@ -150,30 +132,23 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in (
-            "num_envs",
-            "num_steps",
-            "num_minibatches",
-            "update_epochs",
-            "total_timesteps",
-            "save_interval",
-            "eval_episodes",
-            "d_model",
-            "n_layers",
-            "n_heads",
-        ):
+        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "save_interval"):
             if getattr(self, name) < 1:
                 raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        if self.lookback < 0:
-            raise SystemExit(f"error: --lookback={self.lookback} must be at least 0")
-        if self.d_model % self.n_heads != 0:
-            raise SystemExit(f"error: --n-heads={self.n_heads} must divide --d-model={self.d_model}")
+        if self.eval_episodes < 1 or self.env_threads < 0:
+            raise SystemExit(
+                f"error: --eval-episodes={self.eval_episodes} must be >= 1 and --env-threads={self.env_threads} >= 0"
+            )
+        if self.n_layers < 1 or self.lookback < 0:
+            raise SystemExit(f"error: --n-layers={self.n_layers} must be >= 1 and --lookback={self.lookback} >= 0")
+        if self.n_heads < 1 or self.d_model < 1 or self.d_model % self.n_heads != 0:
+            raise SystemExit(f"error: --n-heads={self.n_heads} must be >= 1 and divide --d-model={self.d_model} >= 1")
+        self.batch_size = self.num_envs * self.num_steps
         if self.num_envs % self.num_minibatches != 0:
             raise SystemExit(
                 f"error: --num-minibatches={self.num_minibatches} must divide --num-envs={self.num_envs} "
                 "(minibatches are whole environment sequences)"
             )
-        self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // self.num_minibatches
         if self.norm_adv and self.minibatch_size < 2:
             raise SystemExit(
@@ -181,6 +156,28 @@ class Args:
                 "advantage normalisation (--norm-adv) needs at least 2"
             )
         self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+
+
+def make_envs(
+    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
+) -> AtariVectorEnv:
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), whose defaults are
+    the classic ones: frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames. Training envs end an
+    episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv) and
+    the script clips their rewards; evaluation envs play whole games. Rewards come back raw either way, so that a
+    game's score can be summed before clipping."""
+    return AtariVectorEnv(
+        **atari_settings(env_id),
+        num_envs=num_envs,
+        num_threads=threads or min(num_envs, os.cpu_count() or 1),
+        noop_max=noop_max,
+        stack_num=1,  # one frame per step: time is the transformer's job
+        use_fire_reset=fire_reset,
+        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
+        life_loss_info=training,
+        reward_clipping=False,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
 
 
 def atari_settings(env_id: str) -> dict:
@@ -215,34 +212,8 @@ def atari_settings(env_id: str) -> dict:
     )
 
 
-def make_envs(
-    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
-) -> AtariVectorEnv:
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015). Training envs
-    end an episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv)
-    and the script clips their rewards; evaluation envs play whole games and score them raw. Rewards come back raw
-    either way, so that a game's score can be summed before clipping."""
-    return AtariVectorEnv(
-        **atari_settings(env_id),
-        num_envs=num_envs,
-        num_threads=threads or min(num_envs, os.cpu_count() or 1),
-        noop_max=noop_max,
-        frameskip=4,
-        maxpool=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=1,  # one frame per step: time is the transformer's job
-        use_fire_reset=fire_reset,
-        episodic_life=False,  # ale-py's episodic_life would reset the whole game at a life lost
-        life_loss_info=training,
-        reward_clipping=False,
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-
-
 class RecordGameStatistics(gym.vector.VectorWrapper):
-    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, `t`) and `info["_episode"]` when a game
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`) and `info["_episode"]` when a game
     ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
     is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
     are agent steps (4 frames each).
@@ -256,13 +227,10 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         self.returns = np.zeros(self.num_envs)
         self.lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.lives = np.zeros(self.num_envs, dtype=np.int64)
-        self.start_time = time.perf_counter()
-        self.starts = np.full(self.num_envs, self.start_time)
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
         self.returns[:], self.lengths[:], self.lives[:] = 0, 0, info["lives"]
-        self.starts[:] = time.perf_counter()
         return obs, info
 
     def step(self, actions):
@@ -272,15 +240,10 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         game_over = truncations | (terminations & (info["lives"] >= self.lives))
         self.lives = info["lives"].astype(np.int64)
         if game_over.any():
-            now = time.perf_counter()
             info = dict(info)
-            info["episode"] = {
-                "r": np.where(game_over, self.returns, 0.0),
-                "l": np.where(game_over, self.lengths, 0),
-                "t": np.where(game_over, np.round(now - self.starts, 6), 0.0),
-            }
+            info["episode"] = {"r": np.where(game_over, self.returns, 0.0), "l": np.where(game_over, self.lengths, 0)}
             info["_episode"] = game_over
-            self.returns[game_over], self.lengths[game_over], self.starts[game_over] = 0, 0, now
+            self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
 
 
@@ -300,15 +263,14 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class TransformerLayer(nn.Module):
-    """A pre-norm transformer layer (Xiong et al. 2020) whose attention takes extra keys and values from a cache.
+    """A pre-norm transformer layer (Xiong et al. 2020) whose attention also reads cached keys and values:
 
-        x = x + Attention(LayerNorm(x), over [cached keys, new keys]) with bias[h, distance] on every score
-                (in a cached step: over the ring buffer, the new key written over its oldest slot)
+        x = x + Attention(LayerNorm(x), over [cached keys, new keys]) + bias[h, distance] on every score
         x = x + MLP(LayerNorm(x))
 
-    The positional information is a learned bias per head and distance (0 = the step itself, up to lookback), as
-    T5's relative bias without buckets: it depends only on how far back a key is, so it is the same in a cached step
-    and in a window anywhere in the rollout. It starts at zero. No dropout."""
+    The positional information is a learned bias per head and distance (0 = the step itself, up to lookback), T5's
+    relative bias without buckets: it depends only on how far back a key is, so it is the same in a cached step and in
+    a window anywhere in the rollout. It starts at zero. No dropout."""
 
     def __init__(self, d_model: int, n_heads: int, lookback: int):
         super().__init__()
@@ -321,157 +283,140 @@ class TransformerLayer(nn.Module):
         self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): [h, d] for a key d steps back
 
     def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: torch.Tensor,
-        visible: torch.Tensor,
-        distance: torch.Tensor,
-        slot: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, D) new tokens. Two kinds of cache:
-        - slot None (a sequence): kv_cache (2, B, H, W, D/H), the keys and values of the W = lookback steps before
-          the new tokens, oldest first; the new tokens' keys and values are appended (one copy of the cache);
+        self, x: torch.Tensor, kv_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor, slot: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each new token may attend to; distance: (T, keys),
+        steps from each new token back to each key. Returns the new tokens' outputs (B, T, D). Two kinds of cache:
+        - slot None (a sequence): kv_cache (2, B, H, W, D/H), the keys and values of the W = lookback steps before the
+          new tokens, oldest first; the new tokens' keys and values are appended (one copy of the cache);
         - slot (1,) (one step, T = 1): kv_cache (2, B, H, W+1, D/H), a ring buffer; the new key and value are written
-          into `slot` in place, and the ring (the same tensor, unless autocast changed its dtype) is returned.
-        visible: (B, T, keys) bool, which keys each new token may attend to; distance: (T, keys) steps from each token
-        back to each key. Returns the new tokens' outputs (B, T, D) and the keys and values (2, B, H, keys, D/H)."""
+          into `slot` in place (the cache stays float32 under --bf16, its values rounded to bfloat16 as they come)."""
         B, T, D = x.shape
-        qkv = (
-            self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        )  # (3, B, H, T, D/H)
+        qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D/H)
         if slot is None:
             kv = torch.cat([kv_cache.to(qkv.dtype), qkv[1:]], dim=3)  # (2, B, H, W+T, D/H)
         else:
-            kv = kv_cache.to(qkv.dtype).index_copy_(3, slot, qkv[1:])  # (2, B, H, W+1, D/H), no copy of the cache
+            kv = kv_cache.index_copy_(3, slot, qkv[1:].to(kv_cache.dtype)).to(qkv.dtype)  # (2, B, H, W+1, D/H)
         bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, keys)
         mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, keys); a row sees its own step
         attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)  # (B, H, T, D/H)
         x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
-        return x + self.mlp(self.norm2(x)), kv
+        return x + self.mlp(self.norm2(x))
+
+
+Memory = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (kv, valid, slot), see Agent
 
 
 class Agent(nn.Module):
-    """A CNN token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over
-    the last `lookback` tokens of the episode, a final LayerNorm, a policy head (std 0.01) and a value head (std 1).
-    As in any sliding-window transformer (Beltagy et al. 2020), a layer attends `lookback` steps back, so the output
-    of layer l can depend on up to l * lookback past frames of the episode.
+    """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over the
+    last `lookback` tokens of the episode, a final LayerNorm, a policy head (std 0.01) and a value head (std 1). As in
+    any sliding-window transformer (Beltagy et al. 2020), layer l can see up to l * lookback frames back.
 
-    The memory of the running episodes is `(kv, valid, slot)`, a ring buffer of W + 1 slots, W = lookback: kv, a tuple
-    of L tensors (2, B, H, W+1, D/H), holds every layer's keys and values of the last W steps; `slot` (a (1,) long
-    tensor, the same for every env) is where the next step writes, over the step W + 1 back, which no step attends to
-    any more; valid (B, W+1) says which slots hold a step of the current episode (the others are never attended to).
-    A step writes in place: a caller that keeps an older memory (training does, at the rollout's start) clones it.
-    A step whose memory is then dropped (a value of a final observation) writes only into the slot that the next step
-    overwrites. Training starts every sequence from the memory saved at the rollout's start, computed by the weights
-    of that time and not trained through (as a recurrent PPO's initial hidden state), so the first epoch's ratio is
-    exactly 1."""
+    Its memory (kv, valid, slot) is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every
+    layer's keys and values; slot (1,), the same for every env, where the next step writes (over the step W + 1 back,
+    which no step attends to any more); valid (B, W+1), the slots that hold a step of the current episode. A step
+    writes kv in place, so training clones the memory at the rollout's start; a step whose memory is dropped (a
+    final observation's value) writes only into the slot that the next step overwrites. As a recurrent PPO's initial
+    hidden state, the memory replayed in training is not trained through, so the first epoch's ratio is exactly 1."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
         self.lookback, self.n_heads, self.d_model = args.lookback, args.n_heads, args.d_model
-        self.encoder = nn.Sequential(
-            layer_init(nn.Conv2d(1, 32, 8, stride=4)),  # (N, 32, 20, 20)
+        self.encoder = nn.Sequential(  # ppo_atari.py says `network`; saved checkpoints of this script hold `encoder`
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),  # (B, 32, 20, 20)
             nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (N, 64, 9, 9)
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (B, 64, 9, 9)
             nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),  # (N, 64, 7, 7)
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),  # (B, 64, 7, 7)
             nn.ReLU(),
-            nn.Flatten(),  # (N, 3136), in (C, H, W) order whatever the memory layout
-            layer_init(nn.Linear(64 * 7 * 7, args.d_model)),  # (N, D): one token per frame
+            nn.Flatten(),  # (B, 3136), in (C, H, W) order whatever the memory layout
+            layer_init(nn.Linear(64 * 7 * 7, args.d_model)),  # (B, D): one token per frame
         )
         self.layers = nn.ModuleList(TransformerLayer(args.d_model, args.n_heads, args.lookback) for _ in range(args.n_layers))
         self.norm = nn.LayerNorm(args.d_model)
         self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
+        self.bf16 = args.bf16
+        # the layout follows --bf16: channels-last is the faster one in float32 and the slower one under bf16 on CPUs
+        # (benchmarks/results/atari_ceiling.md, the training loop's steps/s)
+        self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
+        self.to(memory_format=self.memory_format)
 
-    def initial_memory(
-        self, num_envs: int, device: torch.device
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
-        shape = (2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
-        kv = tuple(torch.zeros(shape, device=device) for _ in self.layers)
+    def initial_memory(self, num_envs: int, device: torch.device) -> Memory:
+        shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
-        return kv, valid, torch.zeros(1, dtype=torch.long, device=device)
+        return torch.zeros(shape, device=device), valid, torch.zeros(1, dtype=torch.long, device=device)
 
-    def encode(self, frames: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-        """frames: (N, 1, 84, 84) uint8 -> tokens (N, D)."""
-        # straight to the autocast dtype, scaled in place: one frame-sized allocation (each is a fresh mmap here)
-        device = frames.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-        return self.encoder(frames.contiguous(memory_format=memory_format).to(dtype).div_(255.0))
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (N, 1, 84, 84) uint8 frames -> tokens (N, D), in the compute dtype."""
+        # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
+        x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
+        return self.encoder(x.div_(255.0))
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.norm(x)
-        return self.actor(x).float(), self.critic(x).squeeze(-1).float()
-
-    def step(
-        self,
-        frames: torch.Tensor,
-        kv: tuple[torch.Tensor, ...],
-        valid: torch.Tensor,
-        slot: torch.Tensor,
-        episode_starts: torch.Tensor,
-        memory_format: torch.memory_format,
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
-        """One step for every env, with the cache. frames: (B, 1, 84, 84) uint8; kv: L x (2, B, H, W+1, D/H); valid:
-        (B, W+1); slot: (1,); episode_starts: (B,) bool. Returns logits (B, A), values (B,) and the memory (kv, valid,
-        slot) for the next step; kv is written in place (inference only: call it under no_grad).
+    def get_states(self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor) -> tuple[torch.Tensor, Memory]:
+        """One cached step for every env. x: (B, 1, 84, 84) uint8; episode_starts: (B,) bool. Returns the hidden states
+        (B, D), float32, and the memory for the next step (kv written in place: call it under no_grad).
 
             W=3, slot 1:  slot       0   1   2   3      the new step's key and value go into its slot, over step
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
                           distance   1   0   3   2      episode), with the bias of the slot's distance"""
+        kv, valid, slot = memory
         valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: an episode that begins attends to nothing before it
         valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
-        distance = (slot - torch.arange(self.lookback + 1, device=frames.device)) % (self.lookback + 1)  # (W+1,)
-        x = self.encode(frames, memory_format).unsqueeze(1)  # (B, 1, D)
-        new_kv = []
-        for layer, kv_cache in zip(self.layers, kv):
-            x, layer_kv = layer(x, kv_cache, valid.unsqueeze(1), distance.unsqueeze(0), slot)
-            new_kv.append(layer_kv)
-        logits, value = self.heads(x.squeeze(1))
-        return logits, value, tuple(new_kv), valid, (slot + 1) % (self.lookback + 1)
+        distance = (slot - torch.arange(self.lookback + 1, device=x.device)) % (self.lookback + 1)  # (W+1,)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = self.encode(x).unsqueeze(1)  # (B, 1, D)
+            for layer, layer_kv in zip(self.layers, kv):
+                hidden = layer(hidden, layer_kv, valid.unsqueeze(1), distance.unsqueeze(0), slot)
+            hidden = self.norm(hidden.squeeze(1)).float()
+        return hidden, (kv, valid, (slot + 1) % (self.lookback + 1))
 
-    def sequence(
-        self,
-        frames: torch.Tensor,
-        kv: tuple[torch.Tensor, ...],
-        valid: torch.Tensor,
-        slot: torch.Tensor,
-        episode_starts: torch.Tensor,
-        memory_format: torch.memory_format,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole rollout of every env in one pass. frames: (T, B, 1, 84, 84) uint8; kv, valid, slot: the memory at the
-        rollout's start; episode_starts: (T, B) bool. Returns logits (T, B, A) and values (T, B), equal to running
-        `step` T times. Each new token attends to the keys within `lookback` steps of it in its own episode:
+    def get_value(self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.get_states(x, memory, episode_starts)
+        return self.critic(hidden).squeeze(-1)
+
+    def get_action_and_value(
+        self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Memory]:
+        hidden, memory = self.get_states(x, memory, episode_starts)
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), memory
+
+    def get_states_sequence(self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor) -> torch.Tensor:
+        """A whole rollout in one pass. x: (T, B, 1, 84, 84) uint8; memory: the one at the rollout's start; episode_starts:
+        (T, B) bool. Returns the hidden states (T, B, D), float32, equal to running `get_states` T times. Each new token
+        attends to the keys within `lookback` steps of it in its own episode:
 
             W=3, T=5, an episode starts at t=2         keys:  c-3 c-2 c-1 | t0  t1  t2  t3  t4
             episode id (empty cache slots: -1)                 -1   0   0 |  0   0   1   1   1
             query t1 (id 0) sees                                    x   x |  x   x
             query t3 (id 1) sees                                          |          x   x
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
-        T, B = episode_starts.shape
-        W = self.lookback
-        oldest_first = (slot + 1 + torch.arange(W, device=frames.device)) % (W + 1)  # (W,): the ring's last W steps
-        kv, valid = tuple(c.index_select(3, oldest_first) for c in kv), valid.index_select(1, oldest_first)
-        x = self.encode(frames.flatten(0, 1), memory_format).view(T, B, -1).transpose(0, 1)  # (B, T, D)
+        kv, valid, slot = memory
+        (T, B), W = episode_starts.shape, self.lookback
+        oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the ring's last W steps
+        kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)  # (L, 2, B, H, W, D/H), (B, W)
         ids = torch.cumsum(episode_starts.long(), dim=0).T  # (B, T): every start begins a new id
         key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T): cached slots of the running episode are id 0
-        positions = torch.arange(W + T, device=frames.device)
+        positions = torch.arange(W + T, device=x.device)
         distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t sits at position W+t
         band = (distance >= 0) & (distance <= W)  # (T, W+T): causal, at most lookback steps back
         visible = band & (key_ids.unsqueeze(1) == ids.unsqueeze(2))  # (B, T, W+T): and the same episode
-        for layer, kv_cache in zip(self.layers, kv):
-            x, _ = layer(x, kv_cache, visible, distance)
-        logits, values = self.heads(x)  # (B, T, A), (B, T)
-        return logits.transpose(0, 1), values.T
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            hidden = self.encode(x.flatten(0, 1)).view(T, B, -1).transpose(0, 1)  # (B, T, D)
+            for layer, layer_kv in zip(self.layers, kv):
+                hidden = layer(hidden, layer_kv, visible, distance, None)
+            return self.norm(hidden).float().transpose(0, 1)  # (T, B, D)
 
-
-def sample_action(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the
-    logits plus independent Gumbel(0, 1) noise is distributed as softmax(logits). The same distribution as
-    `Categorical.sample` (tested) in a few tensor ops: the rollout calls this at every step."""
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
-    action = torch.argmax(logits + gumbel, dim=-1)
-    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    def get_action_and_value_sequence(
+        self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.get_states_sequence(x, memory, episode_starts)
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # batch shape (T, B)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
 
 
 def compute_gae(
@@ -504,9 +449,41 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def explained_variance(y_pred: torch.Tensor, y_true: torch.Tensor) -> float:
-    var_y = torch.var(y_true)
-    return float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the memory saved
+    at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss,
+    clip fraction), without a host sync."""
+    mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
 # TRY NOT TO MODIFY: checkpoint helpers
@@ -533,15 +510,9 @@ def load_checkpoint(path: str, flag: str) -> dict:
 
 
 def rng_states() -> dict:
-    """Python's, numpy's (all of its MT19937 state) and torch's generators, CUDA's too when there is one."""
-    _, key, pos, has_gauss, cached_gaussian = np.random.get_state()
-    numpy_state = {
-        "key": key.tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
-    }
-    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    kind, key, *rest = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -549,8 +520,8 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    kind, key, *rest = states["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -574,6 +545,7 @@ def make_checkpoint(
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
+    saved.pop("channels_last", None)  # a flag that checkpoints saved before the layout followed --bf16 still hold
     args = Args(**saved)
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
@@ -589,15 +561,14 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     it was in training."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
-    memory_format = torch.channels_last if saved_args.channels_last else torch.contiguous_format
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
     obs, _ = envs.reset(seed=seed)
-    (kv, valid, slot), done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
+    memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
     scores = []
     while len(scores) < episodes:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=saved_args.bf16):
-            logits, _, kv, valid, slot = agent.step(torch.as_tensor(obs, device=device), kv, valid, slot, done, memory_format)
-        action = logits.argmax(-1) if deterministic else Categorical(logits=logits, validate_args=False).sample()
+        hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
+        logits = agent.actor(hidden)
+        action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
         done = torch.as_tensor(termination | truncation, device=device)
         if "episode" in infos:
@@ -612,6 +583,8 @@ def main(args: Args) -> None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -646,15 +619,13 @@ def main(args: Args) -> None:
     # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
     # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
     envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
+
     agent = Agent(envs.single_action_space.n, args).to(device)
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    agent = agent.to(memory_format=memory_format)
-    # the same parameters compiled or not; `agent` is what gets saved
-    agent_step, agent_sequence = (torch.compile(f) if args.compile else f for f in (agent.step, agent.sequence))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
 
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
@@ -680,17 +651,17 @@ def main(args: Args) -> None:
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    kv, valid, slot = agent.initial_memory(args.num_envs, device)  # L x (2, num_envs, H, W+1, D/H), (num_envs, W+1), (1,)
     video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step = time.time(), global_step
+    memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
@@ -712,7 +683,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout, the transformer run step by step with its per-env key/value cache
-            initial_kv, initial_valid, initial_slot = tuple(c.clone() for c in kv), valid.clone(), slot.clone()  # for training
+            initial_memory = tuple(x.clone() for x in memory)  # (kv, valid, slot): training replays every sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -721,9 +692,8 @@ def main(args: Args) -> None:
                 obs[step] = next_obs
                 episode_starts[step] = next_done
 
-                with torch.no_grad(), autocast:
-                    logits, value, kv, valid, slot = agent_step(next_obs, kv, valid, slot, next_done, memory_format)
-                action, logprob = sample_action(logits)
+                with torch.no_grad():
+                    action, logprob, _, value, memory = get_action_and_value(next_obs, memory, next_done)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -733,14 +703,10 @@ def main(args: Args) -> None:
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
                     # bootstrap a game cut at the frame limit from its final observation, seen with that game's memory
-                    with torch.no_grad(), autocast:
-                        no_start = torch.zeros(args.num_envs, dtype=torch.bool, device=device)
+                    with torch.no_grad():
                         final_obs = torch.as_tensor(infos["final_obs"], device=device)
-                        _, final_value, *_ = agent_step(final_obs, kv, valid, slot, no_start, memory_format)
+                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
-                    game_over = "episode" in infos and infos["_episode"][0]
-                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
                 next_obs = torch.as_tensor(next_obs_np, device=device)
                 next_done = torch.as_tensor(termination | truncation, device=device)
 
@@ -752,21 +718,21 @@ def main(args: Args) -> None:
                         recent_returns = (recent_returns + [float(r)])[-20:]
 
                 # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
-                if args.capture_video and "episode" in infos and infos["_episode"][0]:
-                    if capped_cubic_video_schedule(videos_saved):
+                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # also save_video's default schedule
                         frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        save_video(
-                            frames, f"videos/{run_name}", episode_trigger=lambda _: True, episode_index=videos_saved, fps=15
-                        )
-                    videos_saved, video_frames = videos_saved + 1, []
+                        save_video(frames, f"videos/{run_name}", episode_index=videos_saved, fps=15)
+                    if game_over:
+                        videos_saved, video_frames = videos_saved + 1, []
 
             # ALGO LOGIC: bootstrap value and advantages
             rewards, terminations, truncations = (
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
             )
             with torch.no_grad():
-                with autocast:
-                    _, next_value, *_ = agent_step(next_obs, kv, valid, slot, next_done, memory_format)
+                next_value = agent.get_value(next_obs, memory, next_done)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
@@ -779,58 +745,17 @@ def main(args: Args) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    with autocast:
-                        new_logits, newvalue = agent_sequence(
-                            obs[:, mb_envs],
-                            tuple(c[:, mb_envs] for c in initial_kv),
-                            initial_valid[mb_envs],
-                            initial_slot,
-                            episode_starts[:, mb_envs],
-                            memory_format,
-                        )
-                    probs = Categorical(logits=new_logits.flatten(0, 1), validate_args=False)  # (T * mb_envs, A)
-                    mb_actions = actions[:, mb_envs].flatten()
-                    newlogprob, entropy, newvalue = probs.log_prob(mb_actions), probs.entropy(), newvalue.flatten()
-                    mb_logprobs, mb_advantages = logprobs[:, mb_envs].flatten(), advantages[:, mb_envs].flatten()
-                    mb_returns, mb_values = returns[:, mb_envs].flatten(), values[:, mb_envs].flatten()
-                    logratio = newlogprob - mb_logprobs
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    # Policy loss
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    # Value loss
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
+                    kv, valid, slot = initial_memory  # the ring's slot is the same for every env
+                    mb_memory = (kv[:, :, mb_envs], valid[mb_envs], slot)
+                    minibatch = (episode_starts, actions, logprobs, advantages, returns, values)  # envs are dim 1
+                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in minibatch))
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(
-                        torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
-                    )
+                    stats.append(mb_stats)
 
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
@@ -842,6 +767,8 @@ def main(args: Args) -> None:
                     f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
+            var_y = torch.var(y_true)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -850,7 +777,7 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
             writer.add_scalar("losses/approx_kl", approx_kl, global_step)
             writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(y_pred, y_true), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

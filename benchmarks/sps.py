@@ -122,7 +122,7 @@ class Args:
     total_timesteps: int | None = None
     """steps per run (default: the pair's)"""
     variants: list[str] | None = None
-    """run only these of the pair's variants (default: all)"""
+    """run only these of the pair's variants, named with or without their leading dashes (default: all)"""
     out_dir: str = os.path.join(ROOT, "benchmarks", "results")
     """where the table is written"""
     against: str | None = None
@@ -186,11 +186,12 @@ def main(args: Args) -> None:
         raise SystemExit(f"error: --pair={args.pair} is not one of {', '.join(PAIRS)}")
     pair = PAIRS[args.pair]
     variants = pair.get("variants", {"script": []})
-    if args.variants is not None:
-        unknown = [name for name in args.variants if name not in variants]
+    if args.variants is not None:  # named with or without their leading dashes: `--variants eager cudagraphs`
+        wanted = {name.lstrip("-") for name in args.variants}
+        unknown = sorted(wanted - {name.lstrip("-") for name in variants})
         if unknown:
             raise SystemExit(f"error: --variants={' '.join(unknown)} not in pair {args.pair}: {', '.join(variants)}")
-        variants = {name: flags for name, flags in variants.items() if name in args.variants}
+        variants = {name: flags for name, flags in variants.items() if name.lstrip("-") in wanted}
     commands = {name: pair["script"] + flags for name, flags in variants.items()}
     if args.against is not None:
         old_script = os.path.join(extract_commit(args.against), pair["script"][0])

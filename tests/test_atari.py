@@ -1,6 +1,7 @@
 """ppo_atari.py: the vector env against the classic wrapper stack, whole-game statistics, the network's layouts and
 precisions, the CLI, and bad input."""
 
+import dataclasses
 import glob
 import os
 
@@ -8,7 +9,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import EPISODE_TAGS, ITERATION_TAGS, assert_one_line_error, import_script, read_scalars, run_dirs, run_script
+from conftest import (
+    EPISODE_TAGS,
+    ITERATION_TAGS,
+    assert_one_line_error,
+    assert_training_replays_the_rollout,
+    import_script,
+    read_scalars,
+    run_dirs,
+    run_script,
+)
 
 SCRIPT = "ppo_atari.py"
 p = import_script("ppo_atari")
@@ -91,33 +101,76 @@ def random_batch(batch: int = 6, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
-def test_channels_last_computes_the_same_function():
+def test_layout_follows_bf16_and_computes_the_same_function():
+    """Channels-last in float32, the default layout under --bf16: the same weights give the same outputs in either."""
     torch.manual_seed(0)
-    agent = p.Agent(6)
+    agent = p.Agent(6, p.Args())
+    assert agent.memory_format == torch.channels_last
+    assert agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+    other = p.Agent(6, p.Args(bf16=True))
+    assert other.memory_format == torch.contiguous_format and other.network[0].weight.is_contiguous()
+    other.load_state_dict(agent.state_dict())
+    other.bf16 = False  # float32 in the default layout
     obs = random_batch()
-    logits, values = agent(obs, torch.contiguous_format)
-    fast = p.Agent(6)
-    fast.load_state_dict(agent.state_dict())
-    fast = fast.to(memory_format=torch.channels_last)
-    fast_logits, fast_values = fast(obs, torch.channels_last)
-    torch.testing.assert_close(fast_logits, logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fast_values, values, rtol=1e-5, atol=1e-5)
-    assert fast_logits.dtype == torch.float32
+    with torch.no_grad():
+        logits, values = agent(obs)
+        other_logits, other_values = other(obs)
+    torch.testing.assert_close(other_logits, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(other_values, values, rtol=1e-5, atol=1e-5)
+    assert logits.dtype == torch.float32 and values.shape == (6,)
 
 
 def test_bf16_autocast_stays_close_and_returns_float32():
     """bf16 has an 8-bit mantissa: outputs agree with float32 to about 1e-2 relative, and come back as float32."""
     torch.manual_seed(0)
-    agent = p.Agent(6)
+    agent = p.Agent(6, p.Args())
+    low = p.Agent(6, p.Args(bf16=True))
     with torch.no_grad():
         agent.actor.weight.mul_(100)  # logits of order 1, so that the comparison means something
-        logits, values = agent(random_batch(), torch.channels_last)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            low_logits, low_values = agent(random_batch(), torch.channels_last)
+        low.load_state_dict(agent.state_dict())
+        logits, values = agent(random_batch())
+        low_logits, low_values = low(random_batch())
     assert low_logits.dtype == torch.float32 and low_values.dtype == torch.float32
     torch.testing.assert_close(low_logits, logits, rtol=0.05, atol=0.05)
     torch.testing.assert_close(low_values, values, rtol=0.05, atol=0.05)
     assert (low_logits != logits).any()  # autocast did run in bf16
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_get_action_and_value_is_the_categorical_of_the_logits(bf16):
+    """CleanRL's API: sampled actions, their log-probabilities and entropies from Categorical(logits), the critic's
+    values; given actions are scored, not resampled; get_value is the same value."""
+    torch.manual_seed(0)
+    agent = p.Agent(6, p.Args(bf16=bf16))
+    obs = random_batch()
+    with torch.no_grad():
+        agent.actor.weight.mul_(100)
+        logits, values = agent(obs)
+        action, logprob, entropy, value = agent.get_action_and_value(obs)
+        given = torch.arange(6)
+        _, given_logprob, _, _ = agent.get_action_and_value(obs, given)
+        reference = torch.distributions.Categorical(logits=logits)
+        torch.testing.assert_close(logprob, reference.log_prob(action))
+        torch.testing.assert_close(given_logprob, reference.log_prob(given))
+        torch.testing.assert_close(entropy, reference.entropy())
+        torch.testing.assert_close(value, values)
+        torch.testing.assert_close(agent.get_value(obs), values)
+    assert action.shape == (6,) and action.dtype == torch.long
+
+
+def test_checkpoints_naming_the_removed_channels_last_flag_still_load():
+    torch.manual_seed(0)
+    agent = p.Agent(6, p.Args())
+    saved_args = {**dataclasses.asdict(p.Args()), "channels_last": False}
+    loaded, args = p.build_agent_from_checkpoint({"args": saved_args, "model": agent.state_dict()}, torch.device("cpu"))
+    assert loaded.memory_format == torch.channels_last and not args.bf16
+    torch.testing.assert_close(loaded(random_batch())[0], agent(random_batch())[0], rtol=0, atol=0)
+
+
+def test_training_replays_the_rollout(in_tmp, monkeypatch):
+    """At a learning rate of 0 the minibatch loss gives back the rollout's own log-probabilities (KL 0): the frames and
+    actions reach it as the rollout saw them."""
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -125,7 +178,7 @@ def test_bf16_autocast_stays_close_and_returns_float32():
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("extra", [[], ["--bf16", "--no-channels-last"]])
+@pytest.mark.parametrize("extra", [[], ["--bf16"]])
 def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     """A tiny Pong run: every tag, a checkpoint; then a resume to more steps in the same run, and an evaluation."""
     cwd = str(tmp_path)

@@ -1,11 +1,11 @@
 """The CUDA path of every script: skipped on machines without a GPU (CI has none); run where one is lent."""
 
 import copy
-import functools
 import glob
 
 import pytest
 import torch
+import torch.nn as nn
 from conftest import import_script, read_scalars, run_dirs, run_script
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -24,11 +24,12 @@ def test_fsmn_cached_steps_equal_one_pass_on_cuda():
         obs = torch.randn(40, 6, 2, device="cuda")
         starts = torch.rand(40, 6, device="cuda") < 0.1
         starts[0] = True
-        cache, logits, values = agent.initial_cache(6, torch.device("cuda")), [], []
+        memory, logits, values = agent.initial_memory(6, torch.device("cuda")), [], []
         for t in range(40):
-            logit, value, cache = agent.step(obs[t], cache, starts[t])
-            logits.append(logit), values.append(value)
-        seq_logits, seq_values = agent.sequence(obs, agent.initial_cache(6, torch.device("cuda")), starts)
+            hidden, memory = agent.get_states(obs[t], memory, starts[t])
+            logits.append(agent.actor(hidden[0])), values.append(agent.critic(hidden[-1]).squeeze(-1))
+        hidden = agent.get_states_sequence(obs, agent.initial_memory(6, torch.device("cuda")), starts)
+        seq_logits, seq_values = agent.actor(hidden[0]), agent.critic(hidden[-1]).squeeze(-1)
     torch.testing.assert_close(seq_logits, torch.stack(logits), rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_values, torch.stack(values), rtol=0, atol=1e-5)
 
@@ -64,17 +65,16 @@ def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda(monkeypatch):
         frames = torch.randint(0, 256, (30, 3, 1, 84, 84), dtype=torch.uint8, device=device)
         starts = torch.rand(30, 3, device=device) < 0.1
         starts[0] = True
-        memory, logits, values = agent.initial_memory(3, device), [], []
+        memory, steps = agent.initial_memory(3, device), []
         for t in range(30):
             if t == 13:  # a second rollout starts here, from a copy of the memory (the ring's slot is not 0)
-                kv, valid, slot = memory
-                second_rollout_memory = tuple(c.clone() for c in kv), valid.clone(), slot.clone()
-            logit, value, *memory = agent.step(frames[t], *memory, starts[t], torch.contiguous_format)
-            logits.append(logit), values.append(value)
-        first = agent.sequence(frames[:13], *agent.initial_memory(3, device), starts[:13], torch.contiguous_format)
-        second = agent.sequence(frames[13:], *second_rollout_memory, starts[13:], torch.contiguous_format)
-    torch.testing.assert_close(torch.cat([first[0], second[0]]), torch.stack(logits), rtol=0, atol=1e-5)
-    torch.testing.assert_close(torch.cat([first[1], second[1]]), torch.stack(values), rtol=0, atol=1e-5)
+                second_rollout_memory = tuple(x.clone() for x in memory)
+            hidden, memory = agent.get_states(frames[t], memory, starts[t])
+            steps.append(hidden)
+        first = agent.get_states_sequence(frames[:13], agent.initial_memory(3, device), starts[:13])
+        second = agent.get_states_sequence(frames[13:], second_rollout_memory, starts[13:])
+        sequence, steps = torch.cat([first, second]), torch.stack(steps)
+    torch.testing.assert_close(sequence, steps, rtol=0, atol=1e-5)  # hidden states of unit scale (a LayerNorm's)
 
 
 def atari_minibatch(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -83,22 +83,35 @@ def atari_minibatch(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     return frames, actions, -2 * torch.rand(n, device=device), *torch.randn(3, n, device=device)
 
 
+def atari_update(agent, optimizer, args):
+    """The minibatch update of ppo_atari.py's loop, as its --cudagraphs block captures it."""
+
+    def update(*minibatch):
+        loss, mb_stats = atari.minibatch_loss(agent, args, *minibatch)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return mb_stats
+
+    return update
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_atari_cudagraphs_replay_the_eager_update(bf16):
     """The captured update is the eager update: same losses, weights and Adam state after several minibatches and a
     learning-rate change; the capture's warm-up steps leave no trace."""
     torch.manual_seed(0)
     torch.backends.cudnn.deterministic = True
-    device, fmt, args = torch.device("cuda"), torch.channels_last, atari.Args()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)  # as the script's
-    eager_agent = atari.Agent(6).to(device, memory_format=fmt)
+    device, args = torch.device("cuda"), atari.Args(bf16=bf16)
+    eager_agent = atari.Agent(6, args).to(device)
     graph_agent = copy.deepcopy(eager_agent)
     eager_opt = torch.optim.Adam(eager_agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     lr = torch.tensor(args.learning_rate, device=device)
     graph_opt = torch.optim.Adam(graph_agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=True)
     minibatches = [atari_minibatch(64, device) for _ in range(4)]
-    eager = functools.partial(atari.update_minibatch, eager_agent, eager_agent, eager_opt, args, fmt, autocast)
-    graph = functools.partial(atari.update_minibatch, graph_agent, graph_agent, graph_opt, args, fmt, autocast)
+    eager = atari_update(eager_agent, eager_opt, args)
+    graph = atari_update(graph_agent, graph_opt, args)
     graph = atari.cuda_graph(graph, *atari_minibatch(64, device), agent=graph_agent, optimizer=graph_opt)
     for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=0)  # the warm-up steps were undone
@@ -115,21 +128,20 @@ def test_atari_cudagraphs_replay_the_eager_update(bf16):
 
 
 def test_atari_cudagraphs_rollout_step_is_the_policy():
-    """The captured rollout step: values and log-probabilities of the network's own outputs, actions from its
+    """The captured rollout call: values and log-probabilities of the network's own outputs, actions from its
     softmax (fresh noise at every replay)."""
     torch.manual_seed(0)
-    device, fmt = torch.device("cuda"), torch.channels_last
-    agent = atari.Agent(6).to(device, memory_format=fmt)
+    device = torch.device("cuda")
+    agent = atari.Agent(6, atari.Args()).to(device)
     with torch.no_grad():
         agent.actor.weight.mul_(300)  # far from uniform
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=False, cache_enabled=False)
     frames = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8, device=device)
-    step = atari.cuda_graph(functools.partial(atari.rollout_step, agent, fmt, autocast), torch.zeros_like(frames))
+    step = atari.cuda_graph(torch.no_grad()(agent.get_action_and_value), torch.zeros_like(frames))  # as the script's
     with torch.no_grad():
-        logits, values = agent(frames, fmt)
+        logits, values = agent(frames)
     counts = torch.zeros_like(logits)
     for _ in range(2000):
-        action, logprob, value = step(frames)
+        action, logprob, _, value = step(frames)
         torch.testing.assert_close(value, values, rtol=1e-5, atol=1e-5)
         expected = torch.log_softmax(logits, -1).gather(-1, action[:, None]).squeeze(-1)
         torch.testing.assert_close(logprob, expected, rtol=1e-5, atol=1e-5)
@@ -154,3 +166,14 @@ def test_atari_cudagraphs_trains_resumes_and_evaluates(tmp_path):
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 768
     result = run_script("ppo_atari.py", "--eval-checkpoint", checkpoint, "--eval-episodes", "1", "--no-cuda", cwd=cwd)
     assert result.returncode == 0 and "eval: 1 episodes" in result.stdout, result.stderr
+
+
+def test_ppg_trains_on_cuda_with_its_auxiliary_phase_and_evaluates_on_cpu(in_tmp):
+    ppg = import_script("ppg_lunarlander")
+    args = ppg.Args(env_id="CartPole-v1", num_envs=4, num_steps=32, num_minibatches=2, n_iteration=2, num_aux_rollouts=2)
+    args.total_timesteps, args.progress, args.save_model = 4 * 4 * 32, False, True
+    ppg.main(args)
+    (run_dir,) = run_dirs(".")
+    assert len(read_scalars(run_dir)["losses/aux/kl_loss"]) == 2
+    returns = ppg.evaluate(f"{run_dir}/checkpoint.pt", episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    assert len(returns) == 2

@@ -22,7 +22,6 @@ from conftest import (
 SCRIPT = "ppo_transformer_pong.py"
 p = import_script("ppo_transformer_pong")
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
-FORMAT = torch.contiguous_format
 
 
 def random_agent(lookback: int, n_layers: int, n_heads: int, seed: int = 0) -> "p.Agent":
@@ -49,23 +48,33 @@ def random_starts(steps: int, num_envs: int, reset_prob: float, seed: int = 0) -
     return starts
 
 
+def copy(memory: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(x.clone() for x in memory)
+
+
+def heads(agent, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return agent.actor(hidden), agent.critic(hidden).squeeze(-1)
+
+
 @torch.no_grad()
 def run_steps(agent, frames: torch.Tensor, starts: torch.Tensor, memory=None):
     """The rollout's way: one step at a time with the KV cache. Returns logits (T, B, A), values (T, B), and copies of
     the memory before every step and after the last (a step writes into the cache in place)."""
-
-    def copy(memory):
-        kv, valid, slot = memory
-        return tuple(c.clone() for c in kv), valid.clone(), slot.clone()
-
     memory = copy(memory or agent.initial_memory(frames.shape[1], torch.device("cpu")))
     logits, values, memories = [], [], [copy(memory)]
     for t in range(frames.shape[0]):
-        logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
+        hidden, memory = agent.get_states(frames[t], memory, starts[t])
+        logit, value = heads(agent, hidden)
         logits.append(logit)
         values.append(value)
         memories.append(copy(memory))
     return torch.stack(logits), torch.stack(values), memories
+
+
+@torch.no_grad()
+def run_sequence(agent, frames: torch.Tensor, memory: tuple[torch.Tensor, ...], starts: torch.Tensor):
+    """The training's way: the whole sequence in one pass. Returns logits (T, B, A) and values (T, B)."""
+    return heads(agent, agent.get_states_sequence(frames, memory, starts))
 
 
 @torch.no_grad()
@@ -74,7 +83,7 @@ def reference_outputs(agent, frames: torch.Tensor, starts: torch.Tensor) -> tupl
     layer, to the steps s of its own episode with t - lookback <= s <= t, with scores q.k / sqrt(d) + bias[h, t - s].
     It shares only the weights with the script (no cache, no masks, no scaled_dot_product_attention)."""
     steps, num_envs = starts.shape
-    tokens = agent.encode(frames.flatten(0, 1), FORMAT).view(steps, num_envs, -1)
+    tokens = agent.encode(frames.flatten(0, 1)).view(steps, num_envs, -1)
     all_logits, all_values = torch.zeros(steps, num_envs, 6), torch.zeros(steps, num_envs)
     for b in range(num_envs):
         episode_start = [0] * steps
@@ -82,17 +91,17 @@ def reference_outputs(agent, frames: torch.Tensor, starts: torch.Tensor) -> tupl
             episode_start[t] = t if starts[t, b] or t == 0 else episode_start[t - 1]
         x = tokens[:, b]  # (T, D)
         for layer in agent.layers:
-            heads, d = layer.n_heads, x.shape[1] // layer.n_heads
-            q, k, v = layer.qkv(layer.norm1(x)).view(steps, 3, heads, d).unbind(1)  # (T, H, d) each
-            out = torch.zeros(steps, heads, d)
+            n_heads, d = layer.n_heads, x.shape[1] // layer.n_heads
+            q, k, v = layer.qkv(layer.norm1(x)).view(steps, 3, n_heads, d).unbind(1)  # (T, H, d) each
+            out = torch.zeros(steps, n_heads, d)
             for t in range(steps):
-                for h in range(heads):
+                for h in range(n_heads):
                     keys = range(max(episode_start[t], t - agent.lookback), t + 1)
                     scores = torch.stack([q[t, h] @ k[s, h] / math.sqrt(d) + layer.distance_bias[h, t - s] for s in keys])
                     out[t, h] = (torch.softmax(scores, 0).unsqueeze(1) * v[list(keys), h]).sum(0)
             x = x + layer.proj(out.flatten(1))
             x = x + layer.mlp(layer.norm2(x))
-        all_logits[:, b], all_values[:, b] = agent.heads(x)
+        all_logits[:, b], all_values[:, b] = heads(agent, agent.norm(x))
     return all_logits, all_values
 
 
@@ -112,12 +121,37 @@ def test_cached_steps_equal_windowed_one_pass(lookback, n_layers, n_heads, lengt
     first, second = lengths
     frames, starts = random_frames(first + second, 3), random_starts(first + second, 3, reset_prob)
     logits, values, memories = run_steps(agent, frames, starts)
-    assert {tuple(c.shape) for kv, _, _ in memories for c in kv} == {(2, 3, n_heads, lookback + 1, 16 // n_heads)}
+    assert {tuple(kv.shape) for kv, _, _ in memories} == {(n_layers, 2, 3, n_heads, lookback + 1, 16 // n_heads)}
+    for begin, end in ((0, first), (first, first + second)):
+        seq_logits, seq_values = run_sequence(agent, frames[begin:end], memories[begin], starts[begin:end])
+        torch.testing.assert_close(seq_logits, logits[begin:end], rtol=0, atol=1e-5)
+        torch.testing.assert_close(seq_values, values[begin:end], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("lookback", [0, 4])
+def test_rollout_and_training_calls_agree(lookback):
+    """What the rollout stores and what the loss recomputes: get_action_and_value, step by step, gives its sampled
+    actions' log-probabilities and the entropies of softmax(logits), the values and the next memory of the cached
+    steps; the one-pass get_action_and_value_sequence gives the same log-probabilities, entropies and values."""
+    agent = random_agent(lookback, 2, 2)
+    frames, starts = random_frames(12, 3, seed=4), random_starts(12, 3, 0.2, seed=4)
+    logits, values, memories = run_steps(agent, frames, starts)
+    torch.manual_seed(0)
+    memory, outputs = copy(memories[0]), []
     with torch.no_grad():
-        for begin, end in ((0, first), (first, first + second)):
-            seq_logits, seq_values = agent.sequence(frames[begin:end], *memories[begin], starts[begin:end], FORMAT)
-            torch.testing.assert_close(seq_logits, logits[begin:end], rtol=0, atol=1e-5)
-            torch.testing.assert_close(seq_values, values[begin:end], rtol=0, atol=1e-5)
+        for t in range(12):
+            *step_outputs, memory = agent.get_action_and_value(frames[t], memory, starts[t])
+            outputs.append(step_outputs)
+        actions, logprobs, entropies, step_values = (torch.stack(x) for x in zip(*outputs))
+        reference = torch.distributions.Categorical(logits=logits)
+        torch.testing.assert_close(logprobs, reference.log_prob(actions), rtol=0, atol=1e-5)
+        torch.testing.assert_close(entropies, reference.entropy(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(step_values, values, rtol=0, atol=1e-5)
+        torch.testing.assert_close(memory[0], memories[-1][0], rtol=0, atol=0)
+        sequence = agent.get_action_and_value_sequence(frames, memories[0], starts, actions)
+    assert sequence[0] is actions
+    for got, expected in zip(sequence[1:], (logprobs, entropies, step_values)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("lookback, n_layers, n_heads", [(0, 1, 1), (3, 2, 2), (6, 1, 4)])
@@ -143,10 +177,9 @@ def test_nothing_crosses_an_episode_start(n_layers):
     other_logits, _, _ = run_steps(agent, other, starts)
     torch.testing.assert_close(other_logits[9:, 0], logits[9:, 0], rtol=0, atol=0)
     assert (other_logits[:9, 0] != logits[:9, 0]).any()
-    with torch.no_grad():
-        memory = agent.initial_memory(2, torch.device("cpu"))
-        seq_logits, _ = agent.sequence(frames, *memory, starts, FORMAT)
-        other_seq_logits, _ = agent.sequence(other, *memory, starts, FORMAT)
+    memory = agent.initial_memory(2, torch.device("cpu"))
+    seq_logits, _ = run_sequence(agent, frames, memory, starts)
+    other_seq_logits, _ = run_sequence(agent, other, memory, starts)
     torch.testing.assert_close(other_seq_logits[9:, 0], seq_logits[9:, 0], rtol=0, atol=0)
 
 
@@ -165,17 +198,36 @@ def test_a_step_whose_memory_is_dropped_changes_nothing(lookback):
         memory = agent.initial_memory(2, torch.device("cpu"))
         for t in range(10):
             if t in (4, 5, 9):
-                agent.step(peek_frames, *memory, torch.zeros(2, dtype=torch.bool), FORMAT)  # its memory is dropped
+                agent.get_value(peek_frames, memory, torch.zeros(2, dtype=torch.bool))  # its memory is dropped
             kv = memory[0]
-            logit, value, *memory = agent.step(frames[t], *memory, starts[t], FORMAT)
-            assert all(new.data_ptr() == old.data_ptr() for new, old in zip(memory[0], kv))  # written in place
+            hidden, memory = agent.get_states(frames[t], memory, starts[t])
+            assert memory[0].data_ptr() == kv.data_ptr()  # written in place
+            logit, value = heads(agent, hidden)
             torch.testing.assert_close(logit, logits[t], rtol=0, atol=0)
             torch.testing.assert_close(value, values[t], rtol=0, atol=0)
-        agent.step(peek_frames, *memory, starts[10], FORMAT)  # the bootstrap value at a rollout's end
-        kv, valid, slot = memory
-        seq_logits, seq_values = agent.sequence(frames[10:], tuple(c.clone() for c in kv), valid, slot, starts[10:], FORMAT)
+        agent.get_value(peek_frames, memory, starts[10])  # the bootstrap value at a rollout's end
+    seq_logits, seq_values = run_sequence(agent, frames[10:], copy(memory), starts[10:])
     torch.testing.assert_close(seq_logits, logits[10:], rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_values, values[10:], rtol=0, atol=1e-5)
+
+
+def test_bf16_keeps_a_float32_memory_and_the_layout_follows_it():
+    """Under --bf16 the network computes in bfloat16 in the default layout (channels-last in float32); its memory stays
+    float32, written in place, and the cached steps still match the one-pass sequence to bfloat16's precision."""
+    torch.manual_seed(0)
+    agent = p.Agent(6, p.Args(lookback=4, n_layers=2, n_heads=2, d_model=16, bf16=True))
+    bf16_conv, float32_conv = agent.encoder[2].weight, p.Agent(6, p.Args(d_model=16)).encoder[2].weight  # (64, 32, 4, 4)
+    assert bf16_conv.is_contiguous() and not bf16_conv.is_contiguous(memory_format=torch.channels_last)
+    assert float32_conv.is_contiguous(memory_format=torch.channels_last)
+    frames, starts = random_frames(10, 2, seed=2), random_starts(10, 2, 0.2, seed=2)
+    memory = agent.initial_memory(2, torch.device("cpu"))
+    with torch.no_grad():
+        hidden, next_memory = agent.get_states(frames[0], memory, starts[0])
+    assert hidden.dtype == next_memory[0].dtype == torch.float32 and next_memory[0].data_ptr() == memory[0].data_ptr()
+    logits, values, memories = run_steps(agent, frames, starts)
+    seq_logits, seq_values = run_sequence(agent, frames, memories[0], starts)
+    torch.testing.assert_close(seq_logits, logits, rtol=0, atol=0.05)
+    torch.testing.assert_close(seq_values, values, rtol=0, atol=0.05)
 
 
 def test_one_layer_attends_exactly_lookback_steps_back():
@@ -189,20 +241,6 @@ def test_one_layer_attends_exactly_lookback_steps_back():
         other[t - back] = 255 - other[t - back]
         other_logits, _, _ = run_steps(agent, other, starts)
         assert bool((other_logits[t] != logits[t]).any()) == changes, back
-
-
-def test_sample_action_matches_categorical():
-    """The Gumbel-max sampler: the log-probability of each sampled action is Categorical's, and the frequencies of
-    40k draws lie within 5 standard errors of its probabilities."""
-    torch.manual_seed(0)
-    logits = torch.tensor([[0.0, 1.0, -2.0, 0.5, 0.0, 0.3]])
-    reference = torch.distributions.Categorical(logits=logits)
-    draws = 40_000
-    actions, logprobs = p.sample_action(logits.repeat(draws, 1))
-    torch.testing.assert_close(logprobs, reference.log_prob(actions.view(draws, 1)).flatten())
-    frequencies = torch.nn.functional.one_hot(actions, 6).double().mean(0)
-    probs = reference.probs[0].double()
-    assert ((frequencies - probs).abs() <= 5 * (probs * (1 - probs) / draws).sqrt()).all(), (frequencies, probs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -255,8 +293,7 @@ def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_t
         frames = torch.as_tensor(np.stack(frames)).unsqueeze(1)  # (n, 1, 1, 84, 84)
         starts = torch.zeros(len(frames), 1, dtype=torch.bool)
         starts[0] = True
-        with torch.no_grad():
-            _, values = agent.sequence(frames, *agent.initial_memory(1, torch.device("cpu")), starts, torch.channels_last)
+        _, values = run_sequence(agent, frames, agent.initial_memory(1, torch.device("cpu")), starts)
         torch.testing.assert_close(final_values[t, b], values[-1, 0], rtol=0, atol=1e-5)
 
 
