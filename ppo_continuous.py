@@ -268,21 +268,25 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u). Returns u, its
-        exact log-prob (B,), the one-sample entropy estimate (B,) and the value (B,)."""
+        """action: the pre-squash sample u (B, A), drawn when not given (the rollout: then without the entropy estimate,
+        which only training uses); the env gets squash_action(u). Returns u, its exact log-prob (B,), the one-sample
+        entropy estimate (B,) or None, and the value (B,)."""
         hidden = self.actor_trunk(x)
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
         action_std = action_logstd.clamp(self.log_std_min, self.log_std_max).exp()  # (B, A) or (1, A), broadcast
         probs = Normal(action_mean, action_std, validate_args=False)
-        if action is None:
+        sampled = action is None
+        if sampled:
             action = probs.sample()
         # change of variables, evaluated on u (never atanh of a squashed action): log p(a) = log N(u) - log |da/du|
-        logprob = probs.log_prob(action) - squash_log_abs_det(action, self.action_low, self.action_high)
+        logprob = (probs.log_prob(action) - squash_log_abs_det(action, self.action_low, self.action_high)).sum(1)
+        if sampled:
+            return action, logprob, None, self.get_value(x)
         # no closed form: H[a] = H[u] + E[log |da/du|], estimated at a fresh reparameterised sample (its gradient reaches
         # the mean: with --ent-coef > 0 it also pushes the mean away from the saturated tails)
         entropy = probs.entropy() + squash_log_abs_det(probs.rsample(), self.action_low, self.action_high)
-        return action, logprob.sum(1), entropy.sum(1), self.get_value(x)
+        return action, logprob, entropy.sum(1), self.get_value(x)
 
 
 def compute_gae(
@@ -571,7 +575,7 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
                     action, logprob, _, value = get_action_and_value(agent.obs_norm(next_obs))
                     env_action = squash_action(action, agent.action_low, agent.action_high)
                 values[step] = value
