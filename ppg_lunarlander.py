@@ -16,6 +16,8 @@ Results: README.md.
 """
 
 import copy
+import glob
+import math
 import os
 import random
 import signal
@@ -135,38 +137,52 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in ("num_envs", "num_steps", "num_minibatches", "total_timesteps", "save_interval", "eval_episodes"):
-            if getattr(self, name) < 1:
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        for name in ("n_iteration", "num_aux_rollouts", "hidden_dim"):
-            if getattr(self, name) < 1:
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        for name in ("e_policy", "e_value", "e_auxiliary"):
-            if getattr(self, name) < 0:
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be 0 or more")
-        if self.e_policy + self.e_value == 0:
-            raise SystemExit("error: --e-policy=0 and --e-value=0 leave the policy phase nothing to train")
-        if self.reward_clip <= 0 or self.beta_clone < 0:
-            raise SystemExit(
-                f"error: --reward-clip={self.reward_clip} must be positive and --beta-clone={self.beta_clone} >= 0"
-            )
-        if (self.n_iteration * self.num_envs) % self.num_aux_rollouts != 0:
-            raise SystemExit(
-                f"error: --num-aux-rollouts={self.num_aux_rollouts} must divide --n-iteration * --num-envs = "
-                f"{self.n_iteration * self.num_envs} (auxiliary minibatches are whole env rollouts)"
-            )
         self.batch_size = self.num_envs * self.num_steps
-        if self.batch_size % self.num_minibatches != 0:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} must divide num_envs * num_steps = {self.batch_size}"
-            )
-        self.minibatch_size = self.batch_size // self.num_minibatches
-        if self.norm_adv and self.minibatch_size < 2:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
-                "advantage normalisation (--norm-adv) needs at least 2"
-            )
-        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+        self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
+        self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
+        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        for flag, accepted, what in (
+            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
+            ("save_interval", self.save_interval >= 1, "at least 1"),
+            ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
+            ("num_envs", self.num_envs >= 1, "at least 1"),
+            ("num_steps", self.num_steps >= 1, "at least 1"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
+            (
+                "num_minibatches",
+                self.batch_size % max(self.num_minibatches, 1) == 0,
+                f"a divisor of the batch, {self.batch_size}",
+            ),
+            ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
+            ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
+            ("ent_coef", 0 <= self.ent_coef < math.inf, "a number >= 0"),
+            ("vf_coef", 0 <= self.vf_coef < math.inf, "a number >= 0"),
+            ("max_grad_norm", 0 < self.max_grad_norm < math.inf, "a positive number"),
+            ("target_kl", self.target_kl is None or 0 < self.target_kl < math.inf, "a positive number"),
+            ("reward_clip", 0 < self.reward_clip < math.inf, "a positive number"),
+            ("n_iteration", self.n_iteration >= 1, "at least 1"),
+            ("e_policy", self.e_policy >= 0, "at least 0"),
+            (
+                "e_value",
+                self.e_value >= 0 and self.e_policy + self.e_value >= 1,
+                "at least 0, and --e-policy + --e-value at least 1",
+            ),
+            ("e_auxiliary", self.e_auxiliary >= 0, "at least 0 (0: no auxiliary phase)"),
+            ("beta_clone", 0 <= self.beta_clone < math.inf, "a number >= 0"),
+            ("num_aux_rollouts", self.num_aux_rollouts >= 1, "at least 1"),
+            (
+                "num_aux_rollouts",
+                (self.n_iteration * self.num_envs) % max(self.num_aux_rollouts, 1) == 0,
+                f"a divisor of --n-iteration * --num-envs = {self.n_iteration * self.num_envs}",
+            ),
+            ("hidden_dim", self.hidden_dim >= 1, "at least 1"),
+        ):
+            if not accepted:
+                raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
@@ -254,10 +270,11 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        probs = Categorical(logits=self.actor(self.actor_trunk(x)), validate_args=False)
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.get_value(x)
+        logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
+            return *sample_categorical(logits), None, value
+        probs = Categorical(logits=logits, validate_args=False)
+        return action, probs.log_prob(action), probs.entropy(), value
 
     def get_pi_and_aux_value(self, x: torch.Tensor) -> tuple[Categorical, torch.Tensor]:
         hidden = self.actor_trunk(x)
@@ -292,6 +309,15 @@ def compute_gae(
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
+
+
+def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the logits
+    plus Gumbel(0, 1) noise is distributed as softmax(logits) (tested against Categorical). The rollout's sampler: at a
+    batch of a few envs, Categorical.sample's overhead slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def minibatch_loss(
@@ -485,7 +511,7 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=True,
+            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -681,6 +707,7 @@ def main(args: Args) -> None:
                     save_checkpoint(checkpoint_path, last_good)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
@@ -690,11 +717,13 @@ def main(args: Args) -> None:
             )
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
-        envs.close()
         writer.close()
+        envs.close()
         if args.track:
             import wandb
 
+            for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
+                wandb.log({"videos": wandb.Video(video)})
             wandb.finish()
 
 

@@ -15,6 +15,8 @@ Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_muj
 """
 
 import copy
+import glob
+import math
 import os
 import random
 import signal
@@ -25,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from torch.distributions import Normal, TanhTransform
 from torch.utils.tensorboard import SummaryWriter
@@ -139,34 +142,47 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "save_interval"):
-            if getattr(self, name) < 1:
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        if self.eval_episodes < 1 or self.eval_interval < 0:
-            raise SystemExit(
-                f"error: --eval-episodes={self.eval_episodes} must be at least 1 and --eval-interval={self.eval_interval} "
-                "0 (never) or more"
-            )
-        for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
-            if not all(size >= 1 for size in getattr(self, name)):
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be widths of at least 1")
-        if not self.log_std_min < self.log_std_max:
-            raise SystemExit(f"error: --log-std-min={self.log_std_min} must be below --log-std-max={self.log_std_max}")
-        if self.obs_clip <= 0 or self.reward_clip <= 0:
-            raise SystemExit(f"error: --obs-clip={self.obs_clip} and --reward-clip={self.reward_clip} must be positive")
         self.batch_size = self.num_envs * self.num_steps
-        if self.batch_size % self.num_minibatches != 0:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} must divide num_envs * num_steps = {self.batch_size} "
-                "(minibatches are formed over samples)"
-            )
-        self.minibatch_size = self.batch_size // self.num_minibatches
-        if self.norm_adv and self.minibatch_size < 2:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
-                "advantage normalisation (--norm-adv) needs at least 2"
-            )
-        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+        self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
+        self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
+        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        for flag, accepted, what in (
+            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
+            ("save_interval", self.save_interval >= 1, "at least 1"),
+            ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
+            ("num_envs", self.num_envs >= 1, "at least 1"),
+            ("num_steps", self.num_steps >= 1, "at least 1"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
+            (
+                "num_minibatches",
+                self.batch_size % max(self.num_minibatches, 1) == 0,
+                f"a divisor of the batch, {self.batch_size}",
+            ),
+            ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
+            ("update_epochs", self.update_epochs >= 1, "at least 1"),
+            ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
+            ("ent_coef", 0 <= self.ent_coef < math.inf, "a number >= 0"),
+            ("vf_coef", 0 <= self.vf_coef < math.inf, "a number >= 0"),
+            ("max_grad_norm", 0 < self.max_grad_norm < math.inf, "a positive number"),
+            ("target_kl", self.target_kl is None or 0 < self.target_kl < math.inf, "a positive number"),
+            ("obs_clip", 0 < self.obs_clip < math.inf, "a positive number"),
+            ("reward_clip", 0 < self.reward_clip < math.inf, "a positive number"),
+            ("eval_interval", self.eval_interval >= 0, "at least 0 (0: never)"),
+            ("actor_hidden_sizes", min(self.actor_hidden_sizes, default=1) >= 1, "widths of at least 1"),
+            ("critic_hidden_sizes", min(self.critic_hidden_sizes, default=1) >= 1, "widths of at least 1"),
+            ("log_std_init", math.isfinite(self.log_std_init), "a finite number"),
+            (
+                "log_std_max",
+                -math.inf < self.log_std_min < self.log_std_max < math.inf,
+                f"above --log-std-min={self.log_std_min}",
+            ),
+        ):
+            if not accepted:
+                raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
@@ -274,15 +290,13 @@ class Agent(nn.Module):
         hidden = self.actor_trunk(x)
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
-        action_std = action_logstd.clamp(self.log_std_min, self.log_std_max).exp()  # (B, A) or (1, A), broadcast
-        probs = Normal(action_mean, action_std, validate_args=False)
-        sampled = action is None
-        if sampled:
-            action = probs.sample()
+        action_logstd = action_logstd.clamp(self.log_std_min, self.log_std_max)  # (B, A) or (1, A), broadcast
+        if action is None:  # the rollout's call: a sample and its exact log-prob, without the entropy (training's)
+            action, logprob = sample_squashed_gaussian(action_mean, action_logstd, self.action_low, self.action_high)
+            return action, logprob, None, self.get_value(x)
+        probs = Normal(action_mean, action_logstd.exp(), validate_args=False)
         # change of variables, evaluated on u (never atanh of a squashed action): log p(a) = log N(u) - log |da/du|
         logprob = (probs.log_prob(action) - squash_log_abs_det(action, self.action_low, self.action_high)).sum(1)
-        if sampled:
-            return action, logprob, None, self.get_value(x)
         # no closed form: H[a] = H[u] + E[log |da/du|], estimated at a fresh reparameterised sample (its gradient reaches
         # the mean: with --ent-coef > 0 it also pushes the mean away from the saturated tails)
         entropy = probs.entropy() + squash_log_abs_det(probs.rsample(), self.action_low, self.action_high)
@@ -329,6 +343,19 @@ def squash_log_abs_det(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -
     """log |da/du| (..., A) of a = squash_action(u): log(1 - tanh(u)^2) + log((high - low) / 2). TanhTransform's
     formula, 2 * (log 2 - u - softplus(-2u)), stays finite where tanh(u) rounds to +-1 (|u| > 9 in float32)."""
     return TanhTransform().log_abs_det_jacobian(u, torch.tanh(u)) + torch.log((high - low) / 2.0)
+
+
+def sample_squashed_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-prob (B,) of its action squash_action(u),
+    written out (tested against torch.distributions): the rollout's sampler, as Normal's and TanhTransform's overhead at
+    a batch of a few envs slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    noise = torch.randn_like(mean)
+    u = mean + log_std.exp() * noise
+    log_normal = -0.5 * noise**2 - log_std - 0.5 * math.log(2.0 * math.pi)
+    log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u)) + torch.log((high - low) / 2.0)  # as squash_log_abs_det
+    return u, (log_normal - log_det).sum(-1)
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -482,7 +509,7 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=True,
+            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -685,6 +712,7 @@ def main(args: Args) -> None:
                     save_checkpoint(checkpoint_path, last_good)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
@@ -694,11 +722,13 @@ def main(args: Args) -> None:
             )
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
-        envs.close()
         writer.close()
+        envs.close()
         if args.track:
             import wandb
 
+            for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
+                wandb.log({"videos": wandb.Video(video)})
             wandb.finish()
 
 

@@ -15,6 +15,8 @@ Results: README.md, benchmarks/results/transformer_pong.md.
 """
 
 import copy
+import glob
+import math
 import os
 import random
 import signal
@@ -117,7 +119,8 @@ class Args:
     n_heads: int = 4
     """number of attention heads (must divide --d-model)"""
     bf16: bool = False
-    """run the network under bfloat16 autocast, in the default layout (float32: channels-last); weights stay float32"""
+    """run the network under bfloat16 autocast (weights stay float32): fast on GPUs and on CPUs with avx512_bf16 or AMX,
+    emulated and slow on other CPUs"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     env_threads: int = 0
@@ -132,30 +135,36 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):
-        for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "save_interval"):
-            if getattr(self, name) < 1:
-                raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(self, name)} must be at least 1")
-        if self.eval_episodes < 1 or self.env_threads < 0:
-            raise SystemExit(
-                f"error: --eval-episodes={self.eval_episodes} must be >= 1 and --env-threads={self.env_threads} >= 0"
-            )
-        if self.n_layers < 1 or self.lookback < 0:
-            raise SystemExit(f"error: --n-layers={self.n_layers} must be >= 1 and --lookback={self.lookback} >= 0")
-        if self.n_heads < 1 or self.d_model < 1 or self.d_model % self.n_heads != 0:
-            raise SystemExit(f"error: --n-heads={self.n_heads} must be >= 1 and divide --d-model={self.d_model} >= 1")
         self.batch_size = self.num_envs * self.num_steps
-        if self.num_envs % self.num_minibatches != 0:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} must divide --num-envs={self.num_envs} "
-                "(minibatches are whole environment sequences)"
-            )
-        self.minibatch_size = self.batch_size // self.num_minibatches
-        if self.norm_adv and self.minibatch_size < 2:
-            raise SystemExit(
-                f"error: --num-minibatches={self.num_minibatches} leaves one sample per minibatch; "
-                "advantage normalisation (--norm-adv) needs at least 2"
-            )
-        self.num_iterations = max(1, self.total_timesteps // self.batch_size)
+        self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
+        self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
+        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        for flag, accepted, what in (
+            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
+            ("save_interval", self.save_interval >= 1, "at least 1"),
+            ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
+            ("num_envs", self.num_envs >= 1, "at least 1"),
+            ("num_steps", self.num_steps >= 1, "at least 1"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
+            ("num_minibatches", self.num_envs % max(self.num_minibatches, 1) == 0, f"a divisor of --num-envs={self.num_envs}"),
+            ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
+            ("update_epochs", self.update_epochs >= 1, "at least 1"),
+            ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
+            ("ent_coef", 0 <= self.ent_coef < math.inf, "a number >= 0"),
+            ("vf_coef", 0 <= self.vf_coef < math.inf, "a number >= 0"),
+            ("max_grad_norm", 0 < self.max_grad_norm < math.inf, "a positive number"),
+            ("target_kl", self.target_kl is None or 0 < self.target_kl < math.inf, "a positive number"),
+            ("lookback", self.lookback >= 0, "at least 0"),
+            ("n_layers", self.n_layers >= 1, "at least 1"),
+            ("n_heads", self.n_heads >= 1 and self.d_model % self.n_heads == 0, f"a divisor of --d-model={self.d_model}"),
+            ("env_threads", self.env_threads >= 0, "at least 0 (0: one per CPU core)"),
+        ):
+            if not accepted:
+                raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
 
 
 def make_envs(
@@ -192,13 +201,9 @@ def atari_settings(env_id: str) -> dict:
             "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
         ) from None
     if spec.entry_point != "ale_py.env:AtariEnv":
-        env = gym.make(spec)
-        kind = type(env.action_space).__name__
-        env.close()
         raise SystemExit(
-            f"error: --env-id={env_id} is not an Atari game (its action space is {kind}); {SCRIPT}.py takes ids such as "
-            "PongNoFrameskip-v4 or ALE/Breakout-v5 (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py small "
-            "discrete ones)"
+            f"error: --env-id={env_id} is not an Atari game; {SCRIPT}.py takes ids such as PongNoFrameskip-v4 or "
+            "ALE/Breakout-v5 (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py small discrete ones)"
         )
     if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
         raise SystemExit(
@@ -245,15 +250,6 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
             info["_episode"] = game_over
             self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU computes bfloat16 natively (Linux flags); elsewhere assume it does."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return bool({"avx512_bf16", "amx_bf16"} & set(next(line for line in f if line.startswith("flags")).split()))
-    except (OSError, StopIteration):
-        return True
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -583,8 +579,6 @@ def main(args: Args) -> None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        print("warning: --bf16 on a CPU without avx512_bf16/amx_bf16 instructions runs emulated, slower than float32")
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -599,7 +593,7 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=True,
+            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -790,6 +784,7 @@ def main(args: Args) -> None:
                     save_checkpoint(checkpoint_path, last_good)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
@@ -799,11 +794,13 @@ def main(args: Args) -> None:
             )
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
-        envs.close()
         writer.close()
+        envs.close()
         if args.track:
             import wandb
 
+            for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
+                wandb.log({"videos": wandb.Video(video)})
             wandb.finish()
 
 

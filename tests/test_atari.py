@@ -226,7 +226,7 @@ def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
         (["--env-id", "NoSuchGame-v4"], ["--env-id=NoSuchGame-v4", "pprint_registry"]),
         (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Box", "ppo_continuous.py"]),
         (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "not an Atari game"]),
-        (["--num-minibatches", "3"], ["--num-minibatches=3", "num_envs * num_steps = 1024"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "divisor of the batch, 1024"]),
         (["--num-envs", "0"], ["--num-envs=0"]),
         (["--cudagraphs", "--no-cuda"], ["--cudagraphs", "CUDA device"]),
     ],

@@ -176,9 +176,10 @@ def test_actions_within_bounds_and_the_stored_sample_is_evaluated_exactly(state_
         assert u.shape == (4096, 3) and logprob.shape == value.shape == (4096,) and no_entropy is None
         action = p.squash_action(u, agent.action_low, agent.action_high)
         assert all(space.contains(a) for a in action.numpy())
-        # the log-prob of a given u is the one the rollout stored: evaluation on stored samples is exact
+        # the log-prob of a given u (training's, from torch.distributions) is the one the rollout stored (written out by
+        # sample_squashed_gaussian), up to float32 rounding
         _, again, entropy, _ = agent.get_action_and_value(x, u)
-        torch.testing.assert_close(again, logprob, rtol=0, atol=0)
+        torch.testing.assert_close(again, logprob, rtol=1e-5, atol=1e-4)
         assert entropy.shape == (4096,) and torch.isfinite(logprob).all() and torch.isfinite(entropy).all()
 
 
@@ -532,11 +533,11 @@ def test_capture_video_writes_an_mp4(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "Discrete", "Box"]),
-        (["--num-minibatches", "3"], ["--num-minibatches=3", "num_envs * num_steps = 2048"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "divisor of the batch, 2048"]),
         (["--log-std-min", "1", "--log-std-max", "0"], ["--log-std-min=1.0", "--log-std-max=0.0"]),
         (["--actor-hidden-sizes", "64", "0"], ["--actor-hidden-sizes=(64, 0)"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
-        (["--eval-interval", "-1"], ["--eval-interval=-1", "0 (never)"]),
+        (["--eval-interval", "-1"], ["--eval-interval=-1", "at least 0"]),
         (["--eval-episodes", "0"], ["--eval-episodes=0", "at least 1"]),
     ],
 )

@@ -220,25 +220,33 @@ def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, 
 
 
 def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
-    """The rollout's get_action_and_value and the loss's get_action_and_value_sequence score the same actions alike,
-    and agree with torch.distributions.Categorical over softmax probabilities computed by hand."""
+    """The rollout's get_action_and_value (a Gumbel-max sample and its log-probability, no entropy), the same call given
+    those actions, and the loss's get_action_and_value_sequence score the actions alike, and agree with softmax
+    probabilities computed by hand."""
     agent = random_agent(memory_order=3, num_blocks=2, separate_trunks=True)
     obs, starts = torch.randn(9, 4, 3), torch.rand(9, 4) < 0.2
     starts[0] = True
-    memory, logprobs, entropies, values, actions = agent.initial_memory(4, "cpu"), [], [], [], []
     with torch.no_grad():
+        memory, sampled = agent.initial_memory(4, "cpu"), []
         for t in range(9):
             action, logprob, entropy, value, memory = agent.get_action_and_value(obs[t], memory, starts[t])
-            for x, out in ((action, actions), (logprob, logprobs), (entropy, entropies), (value, values)):
-                out.append(x)
-        actions = torch.stack(actions)
+            assert entropy is None
+            sampled.append((action, logprob, value))
+        actions, logprobs, values = (torch.stack(x) for x in zip(*sampled))
+        memory, given = agent.initial_memory(4, "cpu"), []
+        for t in range(9):
+            *scored, memory = agent.get_action_and_value(obs[t], memory, starts[t], actions[t])
+            given.append(scored[1:])
+        given_logprobs, given_entropies, given_values = (torch.stack(x) for x in zip(*given))
         _, seq_logprob, seq_entropy, seq_value = agent.get_action_and_value_sequence(
             obs, agent.initial_memory(4, "cpu"), starts, actions
         )
         probs = torch.softmax(run_sequence(agent, obs, agent.initial_memory(4, "cpu"), starts)[0], dim=-1)
-    torch.testing.assert_close(seq_logprob, torch.stack(logprobs), rtol=0, atol=1e-5)
-    torch.testing.assert_close(seq_entropy, torch.stack(entropies), rtol=0, atol=1e-5)
-    torch.testing.assert_close(seq_value, torch.stack(values), rtol=0, atol=1e-5)
+    for got in (given_logprobs, seq_logprob):
+        torch.testing.assert_close(got, logprobs, rtol=0, atol=1e-5)
+    for got in (given_values, seq_value):
+        torch.testing.assert_close(got, values, rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_entropy, given_entropies, rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_logprob, probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1).log(), rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_entropy, -(probs * probs.log()).sum(-1), rtol=0, atol=1e-5)
 

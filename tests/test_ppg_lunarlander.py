@@ -203,16 +203,16 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Discrete"]),
         (["--n-iteration", "0"], ["--n-iteration=0", "at least 1"]),
-        (["--e-auxiliary", "-1"], ["--e-auxiliary=-1", "0 or more"]),
-        (["--e-policy", "0", "--e-value", "0"], ["--e-policy=0", "--e-value=0"]),
-        (["--num-aux-rollouts", "3"], ["--num-aux-rollouts=3", "must divide"]),
+        (["--e-auxiliary", "-1"], ["--e-auxiliary=-1", "at least 0"]),
+        (["--e-policy", "0", "--e-value", "0"], ["--e-value=0", "--e-policy + --e-value"]),
+        (["--num-aux-rollouts", "3"], ["--num-aux-rollouts=3", "divisor of --n-iteration * --num-envs = 512"]),
         (["--beta-clone", "-1"], ["--beta-clone=-1"]),
-        (["--num-minibatches", "3"], ["--num-minibatches=3", "must divide"]),
+        (["--num-minibatches", "3"], ["--num-minibatches=3", "divisor of the batch, 4096"]),
         (["--resume", "nowhere.pt"], ["--resume=nowhere.pt", "does not exist"]),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "512", "--no-progress", cwd=str(tmp_path))
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "8192", "--no-progress", cwd=str(tmp_path))
     assert_one_line_error(result, *fragments)
     assert not os.path.exists(tmp_path / "runs")
 
