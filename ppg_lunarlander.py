@@ -9,7 +9,8 @@ same two networks: the in-script ablation.
 
     python ppg_lunarlander.py                          # LunarLander-v3 on the CPU
     python ppg_lunarlander.py --e-auxiliary 0          # the ablation: PPO with the same networks
-    python ppg_lunarlander.py --env-id CartPole-v1 --gamma 0.99 --total-timesteps 150000
+    python ppg_lunarlander.py --env-id CartPole-v1 --gamma 0.99 --num-envs 8 --num-steps 128 --n-iteration 4 \
+        --total-timesteps 150000                       # CartPole (the learning test's settings)
     python ppg_lunarlander.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
 
 Results: README.md.

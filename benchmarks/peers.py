@@ -1,4 +1,4 @@
-"""Peers to benchmark against, side by side, logging the same TensorBoard tags as our scripts.
+"""Peers to benchmark against, side by side, logging the same TensorBoard tags as the scripts.
 
     python benchmarks/peers.py recurrent-ppo --seed 1 --total-timesteps 150000     # sb3-contrib LSTM, masked CartPole
     python benchmarks/peers.py sb3-ppo --env-id CartPole-v1 --num-envs 4 --num-steps 128 --batch-size 128 --epochs 4

@@ -224,8 +224,7 @@ def argv_of(config: Config, seed: int, extra: list[str]) -> list[str]:
 def threads_per_run(workers: int) -> int | None:
     """OpenMP/torch threads for each of `workers` local runs at a time: this machine's cores shared out, unless
     OMP_NUM_THREADS is set already; None (the scripts' own default) for one run at a time. Left to itself each run
-    starts a thread per core, and the threads of runs side by side spin against each other: with three BipedalWalker
-    runs on 2 cores, the one on 2 threads made 1016 steps per CPU-second, the two on 1 thread 2790."""
+    starts a thread per core, and the threads of runs side by side spin against each other."""
     if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -75,7 +75,7 @@ PAIRS = {
         description="ppo_atari.py (float32, channels-last) vs SB3 PPO CnnPolicy with make_atari_env + VecFrameStack, "
         "PongNoFrameskip-v4, 8 envs x 128 steps, 4 epochs, minibatch 256",
     ),
-    "atari-pong-bf16": dict(  # for CPUs with avx512_bf16 or AMX: elsewhere bf16 is emulated, about 10x slower
+    "atari-pong-bf16": dict(  # for CPUs with avx512_bf16 or AMX: elsewhere bf16 is emulated, far slower
         script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
         variants={
             "float32": [],

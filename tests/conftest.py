@@ -70,6 +70,18 @@ def first_step_reaching(returns: list[tuple[int, float]], threshold: float, wind
     return None
 
 
+WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # --track without a network: the run goes to ./wandb
+
+
+def assert_videos_reached_the_wandb_run(cwd: str) -> None:
+    """A run with --track --capture-video (offline): its videos were written and every one is in the W&B run."""
+    videos = glob.glob(os.path.join(cwd, "videos", "*", "*.mp4"))
+    (offline_run,) = glob.glob(os.path.join(cwd, "wandb", "offline-run-*"))
+    assert glob.glob(os.path.join(offline_run, "*.wandb"))
+    media = glob.glob(os.path.join(offline_run, "**", "*.mp4"), recursive=True)
+    assert videos and len(media) == len(videos), (videos, media)
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     """Bad input: a non-zero exit and a single line on stderr that starts with 'error:' and names the flag."""
     assert result.returncode != 0, result.stdout + result.stderr

@@ -12,8 +12,10 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    WANDB_OFFLINE,
     assert_one_line_error,
     assert_training_replays_the_rollout,
+    assert_videos_reached_the_wandb_run,
     import_script,
     read_scalars,
     run_dirs,
@@ -207,11 +209,12 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
 @pytest.mark.smoke
 def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
     """Long enough for whole Pong games of a random policy: raw scores in [-21, 21], not clipped per step; one video
-    of env 0's first game."""
+    of env 0's first game, which --track puts in the W&B run."""
     cwd = str(tmp_path)
     flags = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "2304", "--capture-video", cwd=cwd)
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "2304", "--capture-video", "--track", cwd=cwd, env=WANDB_OFFLINE)
     assert result.returncode == 0, result.stderr
+    assert_videos_reached_the_wandb_run(cwd)
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
     assert EPISODE_TAGS <= set(scalars)

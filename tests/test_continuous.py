@@ -12,11 +12,13 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    WANDB_OFFLINE,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
+    assert_videos_reached_the_wandb_run,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -521,11 +523,11 @@ def test_a_checkpoint_with_flags_of_an_earlier_version_still_evaluates(in_tmp):
 
 
 @pytest.mark.smoke
-def test_capture_video_writes_an_mp4(tmp_path):
-    flags = [*TINY, "--num-steps", "100", "--total-timesteps", "400", "--capture-video"]
-    result = run_script(SCRIPT, *flags, cwd=str(tmp_path))
+def test_track_and_capture_video_put_the_videos_in_the_wandb_run(tmp_path):
+    flags = [*TINY, "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--track"]
+    result = run_script(SCRIPT, *flags, cwd=str(tmp_path), env=WANDB_OFFLINE)
     assert result.returncode == 0, result.stderr
-    assert glob.glob(os.path.join(tmp_path, "videos", "*", "*.mp4"))
+    assert_videos_reached_the_wandb_run(str(tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,13 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    WANDB_OFFLINE,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
+    assert_videos_reached_the_wandb_run,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -357,19 +359,11 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
 
 
 @pytest.mark.smoke
-def test_track_writes_an_offline_wandb_run(tmp_path):
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "256", "--track", cwd=str(tmp_path), env=env)
+def test_track_and_capture_video_put_the_videos_in_the_wandb_run(tmp_path):
+    flags = [*TINY, "--total-timesteps", "256", "--track", "--capture-video"]
+    result = run_script(SCRIPT, *flags, cwd=str(tmp_path), env=WANDB_OFFLINE)
     assert result.returncode == 0, result.stderr
-    (offline_run,) = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*"))
-    assert glob.glob(os.path.join(offline_run, "*.wandb"))
-
-
-@pytest.mark.smoke
-def test_capture_video_writes_an_mp4(tmp_path):
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "256", "--capture-video", cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert glob.glob(os.path.join(tmp_path, "videos", "*", "*.mp4"))
+    assert_videos_reached_the_wandb_run(str(tmp_path))
 
 
 @pytest.mark.smoke
