@@ -23,7 +23,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import gymnasium as gym
 import numpy as np
@@ -461,8 +461,8 @@ def make_checkpoint(
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
-    args = Args(**saved)
+    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     check_env_args(args.env_id)
     env = make_env(args.env_id, 0, False, "")()
     agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)

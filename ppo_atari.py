@@ -21,7 +21,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import ale_py
 import gymnasium as gym
@@ -457,9 +457,8 @@ def make_checkpoint(
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    saved = {k: v for k, v in checkpoint["args"].items() if k not in ("batch_size", "minibatch_size", "num_iterations")}
-    saved.pop("channels_last", None)  # a flag that checkpoints saved before the layout followed --bf16 still hold
-    args = Args(**saved)
+    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
     envs.close()
