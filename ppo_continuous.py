@@ -23,6 +23,10 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field, fields
 
+# OpenMP threads sleep while they wait for work instead of spinning, so runs side by side share the cores (read once,
+# when torch loads; benchmarks/results/side_by_side.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -132,6 +136,8 @@ class Args:
     """clip normalised observations to [-obs_clip, obs_clip]"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    threads: int = 1
+    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS); one suits small networks"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -148,6 +154,7 @@ class Args:
         # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
+            ("threads", self.threads >= 0, "at least 0 (0: torch's default)"),
             ("save_interval", self.save_interval >= 1, "at least 1"),
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
@@ -490,6 +497,8 @@ def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: 
 
 
 def main(args: Args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
