@@ -1,11 +1,10 @@
 """Phasic Policy Gradient (Cobbe et al. 2020, arXiv 2009.04416) on LunarLander (CleanRL's `ppo.py`, plus PPG's phases).
 
-A policy network with a policy head and an auxiliary value head, and a separate value network (the paper's "dual"
-architecture). The policy phase is PPO: --n-iteration iterations of --e-policy epochs of the clipped policy loss and
---e-value epochs of value loss. Every observation and return of those iterations is kept, and the auxiliary phase that
-follows distils value into the policy network (--e-auxiliary epochs of the auxiliary value loss plus --beta-clone times
-KL(pi_old || pi), which holds the policy) while it trains the value network further. `--e-auxiliary 0` is PPO with the
-same two networks: the in-script ablation.
+A policy network with a policy head and an auxiliary value head, and a separate value network. The policy phase is PPO
+(--n-iteration iterations of --e-policy epochs of the clipped policy loss and --e-value epochs of value loss); the
+auxiliary phase that follows, on every observation and return of those iterations, distils value into the policy network
+(--e-auxiliary epochs of the auxiliary value loss plus --beta-clone * KL(pi_old || pi), which holds the policy) and
+trains the value network further. `--e-auxiliary 0` is the in-script ablation: PPO with the same two networks.
 
     python ppg_lunarlander.py                          # LunarLander-v3 on the CPU
     python ppg_lunarlander.py --e-auxiliary 0          # the ablation: PPO with the same networks
@@ -13,8 +12,7 @@ same two networks: the in-script ablation.
         --total-timesteps 150000                       # CartPole (the learning test's settings)
     python ppg_lunarlander.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
 
-Results: README.md.
-"""
+Results: README.md."""
 
 import copy
 import glob
@@ -126,8 +124,7 @@ class Args:
     beta_clone: float = 1.0
     """weight of KL(pi_old || pi), which holds the policy during the auxiliary phase"""
     num_aux_rollouts: int = 4
-    """whole env rollouts (num_steps steps each) in a minibatch of the auxiliary phase; it must divide
-    n_iteration * num_envs"""
+    """whole env rollouts (num_steps steps each) per minibatch of the auxiliary phase; it must divide n_iteration * num_envs"""
 
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
@@ -218,16 +215,15 @@ def check_env_args(env_id: str) -> None:
         )
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
 class RunningNorm(nn.Module):
-    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as in SB3's VecNormalize), clipped
-    to +-clip. Its statistics are buffers: checkpoints carry them. Rewards are divided by the std of its discounted
-    returns, which keeps the value targets near unit scale, as the auxiliary phase's loss needs."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
+    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -257,10 +253,8 @@ def mlp(in_dim: int, hidden_dim: int) -> nn.Sequential:
 
 class Agent(nn.Module):
     """PPG's "dual" architecture (Cobbe et al. 2020, section 3.2): a policy network with a policy head (std 0.01) and an
-    auxiliary value head (std 1), and a separate value network. The policy phase trains the policy head and the value
-    network; the auxiliary phase trains the auxiliary value head through the policy network's trunk, and the value
-    network. The auxiliary phase's stored observations and returns are buffers of the agent, so checkpoints carry them
-    and a resumed run continues the phase where it stopped."""
+    auxiliary value head (std 1), and a separate value network. The auxiliary phase's stored observations and returns
+    are buffers of the agent, so checkpoints carry them and a resumed run continues the phase where it stopped."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
@@ -268,7 +262,7 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.aux_critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.critic = nn.Sequential(mlp(obs_dim, args.hidden_dim), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0))
-        self.return_norm = RunningNorm(1)  # statistics of the discounted return, for reward scaling
+        self.return_norm = RunningNorm(1)  # for reward scaling: value targets near unit scale, as the auxiliary loss needs
         self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
         self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
 
@@ -299,20 +293,16 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
-
-    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
-    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
-    its final observation (the next stored observation already belongs to the new episode).
-    """
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
+    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
+    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
@@ -331,28 +321,23 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def minibatch_loss(
     agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of samples, its policy part only in the first E_pi epochs and its value part only
-    in the first E_V. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip
-    fraction), without a host sync."""
+    """The PPO loss of a minibatch of samples, its policy part only in the first E_pi epochs, its value part in the first E_V.
+    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
@@ -361,7 +346,6 @@ def minibatch_loss(
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
     entropy_loss = entropy.mean()
     # the policy network and the value network share no weight: a part left out leaves its network's gradients None,
     # so that the optimizer skips it (a zero gradient would still move it, by Adam's momentum)
@@ -421,6 +405,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
@@ -510,25 +496,8 @@ def main(args: Args) -> None:
     check_env_args(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name, tracking and logging
+    # TRY NOT TO MODIFY: run name
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=False,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
@@ -537,9 +506,8 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    # ALGO LOGIC: env setup, agent and optimizer
-    # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
-    # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
+    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
+    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -561,9 +529,18 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
             ) from None
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_states(checkpoint["rng_states"])
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
+            ) from None
+        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
+        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
+            if saved[flag] != getattr(args, flag):
+                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
@@ -582,10 +559,30 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    print(f"logging to runs/{run_name}")
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
     interrupts = []
@@ -680,7 +677,9 @@ def main(args: Args) -> None:
 
             # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
             if iteration % args.n_iteration == 0 and args.e_auxiliary > 0:
+                aux_start = time.time()
                 aux_stats = auxiliary_phase(agent, optimizer, args)
+                writer.add_scalar("charts/aux_phase_seconds", time.time() - aux_start, global_step)
                 writer.add_scalar("losses/aux/kl_loss", aux_stats[0], global_step)
                 writer.add_scalar("losses/aux/aux_value_loss", aux_stats[1], global_step)
                 writer.add_scalar("losses/aux/real_value_loss", aux_stats[2], global_step)
@@ -690,8 +689,9 @@ def main(args: Args) -> None:
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
             v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
-                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             var_y = torch.var(y_true)
@@ -738,4 +738,8 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
+        print("interrupted")
+        raise SystemExit(130) from None

@@ -3,16 +3,14 @@
 Frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames, noop and FIRE resets and a termination at every
 life lost for training, all inside the emulator's threads; the script clips rewards for training and logs each whole
 game's raw score in `charts/episodic_return`, as CleanRL does. Frames stay uint8 in the rollout storage and are scaled
-inside the network. `--bf16` runs the network under bfloat16 autocast; `--cudagraphs` replays the rollout step and the
-minibatch update as CUDA graphs.
+inside the network.
 
     python ppo_atari.py --env-id PongNoFrameskip-v4              # CleanRL's defaults, 10M steps
     python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # on CPUs with bf16 instructions (avx512_bf16, AMX)
     python ppo_atari.py --cudagraphs                             # on a GPU
     python ppo_atari.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
 
-Results: README.md, benchmarks/results/atari_pong.md, benchmarks/results/atari_pong_gpu.md.
-"""
+Results: README.md, benchmarks/results/atari_pong.md, benchmarks/results/atari_pong_gpu.md."""
 
 import copy
 import glob
@@ -115,8 +113,7 @@ class Args:
 
     # ALGO LOGIC: network arguments
     bf16: bool = False
-    """run the network under bfloat16 autocast (weights stay float32): fast on GPUs and on CPUs with avx512_bf16 or AMX,
-    emulated and slow on other CPUs"""
+    """bfloat16 autocast for the network (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     cudagraphs: bool = False
@@ -172,11 +169,9 @@ class Args:
 def make_envs(
     env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
 ) -> AtariVectorEnv:
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), whose defaults are
-    the classic ones: frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames. Training envs end an
-    episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv) and
-    the script clips their rewards; evaluation envs play whole games. Rewards come back raw either way, so that a
-    game's score can be summed before clipping."""
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset, as the
+    classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the script clips them for training."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -191,9 +186,8 @@ def make_envs(
 
 
 def atari_settings(env_id: str) -> dict:
-    """A gymnasium Atari id -> the ROM and the id's sticky-action probability, or one clear line for anything else.
-    The NoFrameskip-v4 ids have no sticky actions, the v5 ids repeat the previous action with probability 0.25;
-    frame skipping is always 4 here (the vector env's), whatever the id's own frameskip."""
+    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one clear line
+    for anything else. Frame skipping is always the vector env's 4, whatever the id's own frameskip."""
     try:
         spec = gym.spec(env_id)
     except gym.error.Error:
@@ -219,10 +213,9 @@ def atari_settings(env_id: str) -> dict:
 
 
 class RecordGameStatistics(gym.vector.VectorWrapper):
-    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`) and `info["_episode"]` when a game
-    ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
-    is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
-    are agent steps (4 frames each).
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, raw score over all lives, agent steps) and
+    `info["_episode"]` when a game ends. With life_loss_info a life lost is a termination too; a game is over when the env
+    really reset, a termination whose (new game's) lives did not go down:
 
         lives    3  3  2  2  1  1  [3]       [3] = the reset game's first info (SAME_STEP autoreset)
         term     .  .  T  .  T  .   T
@@ -278,8 +271,7 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
         self.bf16 = args.bf16
-        # the layout follows --bf16: channels-last is the faster one in float32 and the slower one under bf16 on CPUs
-        # (benchmarks/results/atari_ceiling.md, the training loop's steps/s)
+        # channels-last is the faster layout in float32, the slower under bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
 
@@ -313,20 +305,16 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
-
-    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
-    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
-    its final observation (the next stored observation already belongs to the new episode).
-    """
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
+    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
+    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
@@ -334,27 +322,23 @@ def compute_gae(
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of samples. Returns the loss and (value loss, policy loss, entropy, old approx
-    KL, approx KL, loss, clip fraction), without a host sync."""
+    """The PPO loss of a minibatch of samples.
+    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
@@ -363,18 +347,15 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
 def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
-    """Capture `fn(*inputs)` once as a CUDA graph and return a function with fn's signature that copies its arguments
-    into the captured inputs and replays the graph (one launch instead of one per kernel); its outputs are the captured
-    tensors, overwritten by the next call. Capturing needs a few warm-up calls first: when `fn` is an update, pass its
-    agent and optimizer so that the weights and the optimizer's state are put back as they were (a fresh optimizer's
-    state is zeros, its step 0)."""
+    """Capture `fn(*inputs)` as a CUDA graph (one launch instead of one per kernel) and return a function with fn's
+    signature that copies its arguments into the captured inputs, replays the graph and returns the captured outputs
+    (overwritten by the next call). For an update, pass its agent and optimizer: the warm-up calls' steps are undone."""
     inputs = [x.clone() for x in example_inputs]
     weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
     state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
@@ -417,6 +398,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
@@ -504,25 +487,8 @@ def main(args: Args) -> None:
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name, tracking and logging
+    # TRY NOT TO MODIFY: run name
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=False,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
@@ -531,9 +497,8 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    # ALGO LOGIC: env setup, agent and optimizer
-    # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
-    # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
+    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
+    # a done step returns the next game's first observation and its last in info["final_obs"]; a life lost ends an episode
     envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
 
     agent = Agent(envs.single_action_space.n, args).to(device)
@@ -552,9 +517,18 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
             ) from None
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_states(checkpoint["rng_states"])
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
+            ) from None
+        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
+        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
+            if saved[flag] != getattr(args, flag):
+                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
@@ -590,15 +564,34 @@ def main(args: Args) -> None:
             optimizer.step()
             return mb_stats
 
-        # captured on example inputs of the right shapes; the update's warm-up steps are undone
         get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value), obs[0])
         example = [x.flatten(0, 1)[: args.minibatch_size] for x in (obs, actions, logprobs, values, values, values)]
         update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
 
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    print(f"logging to runs/{run_name}")
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
     interrupts = []
@@ -697,8 +690,9 @@ def main(args: Args) -> None:
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
             v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
-                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             var_y = torch.var(y_true)
@@ -745,4 +739,8 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
+        print("interrupted")
+        raise SystemExit(130) from None

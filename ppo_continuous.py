@@ -11,8 +11,7 @@ rewards are normalised by running statistics kept in the agent, so checkpoints c
     python ppo_continuous.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
 
-Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_mujoco.md, continuous_bipedal.md.
-"""
+Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_mujoco.md, continuous_bipedal.md."""
 
 import copy
 import glob
@@ -227,7 +226,7 @@ def check_env_args(env_id: str) -> None:
         raise SystemExit(f"error: --env-id={env_id} must have a flat Box observation space, not {observation_space}")
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -243,9 +242,8 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
 
 
 class RunningNorm(nn.Module):
-    """Observation normalisation by a running mean and variance (Chan et al.'s parallel update, as in SB3's
-    VecNormalize), clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which
-    never calls `update`, uses them frozen. Rewards are divided by the std of another one's discounted returns."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
+    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -291,9 +289,8 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """action: the pre-squash sample u (B, A), drawn when not given (the rollout: then without the entropy estimate,
-        which only training uses); the env gets squash_action(u). Returns u, its exact log-prob (B,), the one-sample
-        entropy estimate (B,) or None, and the value (B,)."""
+        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u). Returns u, its exact
+        log-prob (B,), the one-sample entropy estimate (B,) (None when drawn: only training uses it) and the value (B,)."""
         hidden = self.actor_trunk(x)
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
@@ -320,20 +317,16 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
-
-    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
-    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
-    its final observation (the next stored observation already belongs to the new episode).
-    """
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
+    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
+    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
@@ -355,9 +348,8 @@ def squash_log_abs_det(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -
 def sample_squashed_gaussian(
     mean: torch.Tensor, log_std: torch.Tensor, low: torch.Tensor, high: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-prob (B,) of its action squash_action(u),
-    written out (tested against torch.distributions): the rollout's sampler, as Normal's and TanhTransform's overhead at
-    a batch of a few envs slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-prob (B,) of squash_action(u), written out:
+    the rollout's sampler, as Normal's and TanhTransform's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
     noise = torch.randn_like(mean)
     u = mean + log_std.exp() * noise
     log_normal = -0.5 * noise**2 - log_std - 0.5 * math.log(2.0 * math.pi)
@@ -366,27 +358,23 @@ def sample_squashed_gaussian(
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of samples (normalised observations, pre-squash actions u). Returns the loss and
-    (value loss, policy loss, entropy, old approx KL, approx KL, loss, clip fraction), without a host sync."""
+    """The PPO loss of a minibatch of samples (normalised observations, pre-squash actions u).
+    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
@@ -395,7 +383,6 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
@@ -412,6 +399,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
@@ -465,7 +454,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     env = make_env(args.env_id, 0, False, "")()
     agent = Agent(env.observation_space.shape[0], env.action_space, args).to(device)
     env.close()
-    agent.load_state_dict(checkpoint["model"])  # the normalisation statistics are buffers: restored here, exactly
+    agent.load_state_dict(checkpoint["model"])
     return agent, args
 
 
@@ -507,25 +496,8 @@ def main(args: Args) -> None:
     check_env_args(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name, tracking and logging
+    # TRY NOT TO MODIFY: run name
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=False,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
@@ -534,9 +506,8 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    # ALGO LOGIC: env setup, agent and optimizer
-    # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
-    # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
+    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
+    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -560,9 +531,18 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
             ) from None
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_states(checkpoint["rng_states"])
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
+            ) from None
+        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
+        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
+            if saved[flag] != getattr(args, flag):
+                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
@@ -581,10 +561,30 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    print(f"logging to runs/{run_name}")
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
     interrupts = []
@@ -684,8 +684,9 @@ def main(args: Args) -> None:
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
             v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
-                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             var_y = torch.var(y_true)
@@ -742,4 +743,8 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
+        print("interrupted")
+        raise SystemExit(130) from None

@@ -1,17 +1,16 @@
 """PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
 
 Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of
-the last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory of past
-hidden states; training replays each env's whole rollout in one pass from the memory saved at the rollout's start, with
-episode boundaries masked, so every sample sees the context it acted with. `--mask-velocity` hides the velocities.
+the last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory; training
+replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked, so every sample
+sees the context it acted with.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 
-Results: README.md and benchmarks/results/fsmn_cartpole.md.
-"""
+Results: README.md and benchmarks/results/fsmn_cartpole.md."""
 
 import copy
 import glob
@@ -197,16 +196,15 @@ def check_env_args(env_id: str, mask_velocity: bool) -> None:
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
 class RunningNorm(nn.Module):
-    """Observation normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
-    clipped to +-clip; its statistics are buffers, so checkpoints carry them and evaluation uses them frozen. With the
-    velocities hidden, unit-variance inputs make the small differences of consecutive positions learnable."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
+    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -229,14 +227,13 @@ class RunningNorm(nn.Module):
 
 
 class FSMNBlock(nn.Module):
-    """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence.
+    """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence:
 
-        h_t = tanh(W_in x_t)                                  linear projection of the input
-        m_t = h_t + sum_{i=0..N} a_i * h_{t-i}                memory: causal depthwise conv over time
-        y_t = LayerNorm(x_t + W_out m_t)                      output projection, skip, normalisation
+        h_t = tanh(W_in x_t)                        linear projection of the input
+        m_t = h_t + sum_{i=0..N} a_i * h_{t-i}      memory: causal depthwise conv over time, h_{t-i} = 0 before the episode
+        y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
-    h_{t-i} is zero before the current episode began, so memory never crosses an episode. The taps start at zero: the
-    block starts memoryless and learns how much of the past to use."""
+    The taps start at zero: the block starts memoryless and learns how much of the past to use."""
 
     def __init__(self, dim: int, memory_order: int):
         super().__init__()
@@ -310,9 +307,8 @@ class Agent(nn.Module):
     def get_states(
         self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for every env. x: (B, obs_dim) normalised; memory: (L, B, N, H); episode_starts: (B,) bool.
-        Returns the trunks' features (K, B, H), K = 1 or 2 trunks (the actor reads the first, the critic the last),
-        and the memory for the next step."""
+        """One step for every env. x: (B, obs_dim) normalised; memory: (L, B, N, H); episode_starts: (B,) bool. Returns the
+        features (K, B, H) of K = 1 or 2 trunks (the actor reads the first, the critic the last) and the next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         outputs = [trunk.step(x, m) for trunk, m in zip(self.trunks, memory.chunk(len(self.trunks)))]
         return torch.stack([h for h, _ in outputs]), torch.cat([m for _, m in outputs])
@@ -334,9 +330,8 @@ class Agent(nn.Module):
     def get_states_sequence(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
         """A whole rollout in one pass. x: (T, B, obs_dim); memory: (L, B, N, H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (K, T, B, H), equal to running `get_states` T times."""
-        # Which past steps a step may remember. Episode ids: the N remembered steps count as episode 0 and every
-        # start begins a new id; tap i of step t is used only if step t-i has step t's id.
-        #   N=3, T=5, an episode starts at t=2:
+        # Episode ids: the N remembered steps are episode 0 and every start begins a new id; tap i of step t is used only
+        # if step t-i has step t's id. N=3, T=5, an episode starts at t=2:
         #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
         #   episode id       0   0   0  | 0   0  | 1   1   1
         #   step t=3 reads the window h0 h1 h2 h3 (N+1 = 4 positions) and keeps h2 h3, the ones with id 1
@@ -366,20 +361,16 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
-
-    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
-    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
-    its final observation (the next stored observation already belongs to the new episode).
-    """
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
+    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
+    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
@@ -387,37 +378,31 @@ def compute_gae(
 
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the logits
-    plus Gumbel(0, 1) noise is distributed as softmax(logits) (tested against Categorical). The rollout's sampler: at a
-    batch of a few envs, Categorical.sample's overhead slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits + Gumbel
+    noise): the rollout's sampler, as Categorical's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
     gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the memory saved
-    at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss,
-    clip fraction), without a host sync."""
+    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
@@ -426,7 +411,6 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
@@ -443,6 +427,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
@@ -536,25 +522,8 @@ def main(args: Args) -> None:
     check_env_args(args.env_id, args.mask_velocity)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name, tracking and logging
+    # TRY NOT TO MODIFY: run name
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=False,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
@@ -563,9 +532,8 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    # ALGO LOGIC: env setup, agent and optimizer
-    # env setup: SAME_STEP autoreset, so a done step returns the next episode's first observation and
-    # the finished episode's last one in info["final_obs"] (https://farama.org/Vector-Autoreset-Mode)
+    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
+    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name, args.mask_velocity) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -589,9 +557,18 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
             ) from None
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_states(checkpoint["rng_states"])
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
+            ) from None
+        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
+        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
+            if saved[flag] != getattr(args, flag):
+                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
@@ -612,10 +589,30 @@ def main(args: Args) -> None:
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
 
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    print(f"logging to runs/{run_name}")
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
     interrupts = []
@@ -706,8 +703,9 @@ def main(args: Args) -> None:
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
             v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
-                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             var_y = torch.var(y_true)
@@ -754,4 +752,8 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
+        print("interrupted")
+        raise SystemExit(130) from None

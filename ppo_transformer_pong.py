@@ -1,18 +1,16 @@
 """PPO whose policy attends over the frames of the current episode: a causal transformer, cached and windowed.
 
 One 84x84 grayscale frame per step (no frame stack: time is the transformer's job) becomes a token through the
-NatureCNN's convolutions, and a causal transformer attends from it to the last `--lookback` tokens of the episode.
-Rollouts run it step by step with a per-env key/value cache; training replays each env's whole rollout in one pass
-with sliding-window attention from the memory saved at the rollout's start, episode boundaries masked, so every sample
-sees the context it acted with. The environments are ppo_atari.py's.
+NatureCNN's convolutions; a causal transformer attends from it to the last `--lookback` tokens of the episode. Rollouts
+run it step by step with a per-env key/value cache; training replays each env's rollout in one pass with sliding-window
+attention from the memory saved at its start, episode boundaries masked. The environments are ppo_atari.py's.
 
     python ppo_transformer_pong.py                                # PongNoFrameskip-v4, 10M steps
     python ppo_transformer_pong.py --lookback 64 --n-layers 3     # a longer memory, a deeper transformer
     python ppo_transformer_pong.py --bf16                         # bfloat16 autocast: CPUs with bf16 instructions, GPUs
     python ppo_transformer_pong.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
 
-Results: README.md, benchmarks/results/transformer_pong.md.
-"""
+Results: README.md, benchmarks/results/transformer_pong.md."""
 
 import copy
 import glob
@@ -123,8 +121,7 @@ class Args:
     n_heads: int = 4
     """number of attention heads (must divide --d-model)"""
     bf16: bool = False
-    """run the network under bfloat16 autocast (weights stay float32): fast on GPUs and on CPUs with avx512_bf16 or AMX,
-    emulated and slow on other CPUs"""
+    """bfloat16 autocast for the network (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     env_threads: int = 0
@@ -177,11 +174,9 @@ class Args:
 def make_envs(
     env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
 ) -> AtariVectorEnv:
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), whose defaults are
-    the classic ones: frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames. Training envs end an
-    episode at every life lost (life_loss_info: a termination without a reset, as the classic EpisodicLifeEnv) and
-    the script clips their rewards; evaluation envs play whole games. Rewards come back raw either way, so that a
-    game's score can be summed before clipping."""
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset, as the
+    classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the script clips them for training."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -197,9 +192,8 @@ def make_envs(
 
 
 def atari_settings(env_id: str) -> dict:
-    """A gymnasium Atari id -> the ROM and the id's sticky-action probability, or one clear line for anything else.
-    The NoFrameskip-v4 ids have no sticky actions, the v5 ids repeat the previous action with probability 0.25;
-    frame skipping is always 4 here (the vector env's), whatever the id's own frameskip."""
+    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one clear line
+    for anything else. Frame skipping is always the vector env's 4, whatever the id's own frameskip."""
     try:
         spec = gym.spec(env_id)
     except gym.error.Error:
@@ -225,10 +219,9 @@ def atari_settings(env_id: str) -> dict:
 
 
 class RecordGameStatistics(gym.vector.VectorWrapper):
-    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`) and `info["_episode"]` when a game
-    ends, with the raw score summed over all its lives. With life_loss_info a life lost is a termination too; a game
-    is over when the env really reset, which shows as a termination whose (new game's) lives did not go down. Steps
-    are agent steps (4 frames each).
+    """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, raw score over all lives, agent steps) and
+    `info["_episode"]` when a game ends. With life_loss_info a life lost is a termination too; a game is over when the env
+    really reset, a termination whose (new game's) lives did not go down:
 
         lives    3  3  2  2  1  1  [3]       [3] = the reset game's first info (SAME_STEP autoreset)
         term     .  .  T  .  T  .   T
@@ -266,14 +259,13 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class TransformerLayer(nn.Module):
-    """A pre-norm transformer layer (Xiong et al. 2020) whose attention also reads cached keys and values:
+    """A pre-norm transformer layer (Xiong et al. 2020) whose attention also reads cached keys and values, no dropout:
 
         x = x + Attention(LayerNorm(x), over [cached keys, new keys]) + bias[h, distance] on every score
         x = x + MLP(LayerNorm(x))
 
-    The positional information is a learned bias per head and distance (0 = the step itself, up to lookback), T5's
-    relative bias without buckets: it depends only on how far back a key is, so it is the same in a cached step and in
-    a window anywhere in the rollout. It starts at zero. No dropout."""
+    The learned bias per head and distance (0 = the step itself, up to lookback; zero at first) is T5's relative bias
+    without buckets: it depends only on how far back a key is, the same in a cached step and in a rollout's window."""
 
     def __init__(self, d_model: int, n_heads: int, lookback: int):
         super().__init__()
@@ -288,12 +280,11 @@ class TransformerLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, kv_cache: torch.Tensor, visible: torch.Tensor, distance: torch.Tensor, slot: torch.Tensor | None
     ) -> torch.Tensor:
-        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each new token may attend to; distance: (T, keys),
-        steps from each new token back to each key. Returns the new tokens' outputs (B, T, D). Two kinds of cache:
-        - slot None (a sequence): kv_cache (2, B, H, W, D/H), the keys and values of the W = lookback steps before the
-          new tokens, oldest first; the new tokens' keys and values are appended (one copy of the cache);
-        - slot (1,) (one step, T = 1): kv_cache (2, B, H, W+1, D/H), a ring buffer; the new key and value are written
-          into `slot` in place (the cache stays float32 under --bf16, its values rounded to bfloat16 as they come)."""
+        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each may attend to; distance: (T, keys), steps back
+        from each new token to each key. Returns (B, T, D). With slot None (a sequence), kv_cache (2, B, H, W, D/H) holds
+        the W = lookback steps before the new tokens, oldest first, and the new keys and values are appended to a copy;
+        with slot (1,) (one step, T = 1), kv_cache (2, B, H, W+1, D/H) is a ring buffer written at `slot` in place (it
+        stays float32 under --bf16, its values rounded to bfloat16 as they come)."""
         B, T, D = x.shape
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D/H)
@@ -313,15 +304,13 @@ Memory = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (kv, valid, slot), s
 
 class Agent(nn.Module):
     """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over the
-    last `lookback` tokens of the episode, a final LayerNorm, a policy head (std 0.01) and a value head (std 1). As in
-    any sliding-window transformer (Beltagy et al. 2020), layer l can see up to l * lookback frames back.
-
-    Its memory (kv, valid, slot) is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every
-    layer's keys and values; slot (1,), the same for every env, where the next step writes (over the step W + 1 back,
-    which no step attends to any more); valid (B, W+1), the slots that hold a step of the current episode. A step
-    writes kv in place, so training clones the memory at the rollout's start; a step whose memory is dropped (a
-    final observation's value) writes only into the slot that the next step overwrites. As a recurrent PPO's initial
-    hidden state, the memory replayed in training is not trained through, so the first epoch's ratio is exactly 1."""
+    last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in Beltagy et al. 2020), a
+    final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory (kv, valid, slot) is a ring buffer of
+    W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's keys and values; slot (1,), the same for every
+    env, where the next step writes (over the step W + 1 back, which no step attends to); valid (B, W+1), the slots of
+    the current episode. A step writes kv in place, so training clones the memory at the rollout's start; a dropped step
+    (a final observation's value) writes only the slot that the next step overwrites. As a recurrent PPO's initial
+    hidden state, the replayed memory is not trained through, so the first epoch's ratio is exactly 1."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -341,8 +330,7 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         self.bf16 = args.bf16
-        # the layout follows --bf16: channels-last is the faster one in float32 and the slower one under bf16 on CPUs
-        # (benchmarks/results/atari_ceiling.md, the training loop's steps/s)
+        # channels-last is the faster layout in float32, the slower under bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
 
@@ -389,9 +377,8 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), memory
 
     def get_states_sequence(self, x: torch.Tensor, memory: Memory, episode_starts: torch.Tensor) -> torch.Tensor:
-        """A whole rollout in one pass. x: (T, B, 1, 84, 84) uint8; memory: the one at the rollout's start; episode_starts:
-        (T, B) bool. Returns the hidden states (T, B, D), float32, equal to running `get_states` T times. Each new token
-        attends to the keys within `lookback` steps of it in its own episode:
+        """A whole rollout in one pass. x: (T, B, 1, 84, 84) uint8; memory at the rollout's start; episode_starts: (T, B)
+        bool. Returns (T, B, D), float32, equal to running `get_states` T times. A token sees `lookback` steps of its episode:
 
             W=3, T=5, an episode starts at t=2         keys:  c-3 c-2 c-1 | t0  t1  t2  t3  t4
             episode id (empty cache slots: -1)                 -1   0   0 |  0   0   1   1   1
@@ -432,20 +419,16 @@ def compute_gae(
     gamma: float,
     gae_lambda: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors.
-
-    Step t's successor value is values[t + 1] (next_value after the last step) unless the episode ended at t:
-    a terminated step has no successor (0), a truncated one bootstraps from final_values[t], the value of
-    its final observation (the next stored observation already belongs to the new episode).
-    """
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
+    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
+    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
     next_values = next_values * (1.0 - dones) + final_values * bootstrap_final
     deltas = rewards + gamma * next_values - values
     discounts = gamma * gae_lambda * (1.0 - dones)  # the recursion stops at the end of an episode
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
@@ -453,28 +436,23 @@ def compute_gae(
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of one minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the memory saved
-    at the rollout's start. Returns the loss and (value loss, policy loss, entropy, old approx KL, approx KL, loss,
-    clip fraction), without a host sync."""
+    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
-
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
@@ -483,7 +461,6 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
@@ -500,6 +477,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
@@ -558,9 +537,8 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 @torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
-    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores.
-    The env signals a life lost as training's did (without resetting the game), so that the memory is emptied where
-    it was in training."""
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores. A life
+    lost is signalled as in training (without resetting the game), so that the memory is emptied where it was there."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
@@ -590,25 +568,8 @@ def main(args: Args) -> None:
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name, tracking and logging
+    # TRY NOT TO MODIFY: run name
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=False,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
     checkpoint_path = f"runs/{run_name}/checkpoint.pt"
 
     # TRY NOT TO MODIFY: seeding
@@ -617,9 +578,8 @@ def main(args: Args) -> None:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    # ALGO LOGIC: env setup, agent and optimizer
-    # env setup: SAME_STEP autoreset, so a done step returns the next game's first observation and the finished
-    # game's last one in info["final_obs"]; training ends an episode at every life lost (see make_envs)
+    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
+    # a done step returns the next game's first observation and its last in info["final_obs"]; a life lost ends an episode
     envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
 
     agent = Agent(envs.single_action_space.n, args).to(device)
@@ -638,9 +598,18 @@ def main(args: Args) -> None:
             raise SystemExit(
                 f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
             ) from None
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_states(checkpoint["rng_states"])
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
+            ) from None
+        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
+        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
+            if saved[flag] != getattr(args, flag):
+                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
             raise SystemExit(
                 f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
@@ -662,10 +631,30 @@ def main(args: Args) -> None:
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
 
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=False,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+    print(f"logging to runs/{run_name}")
+
     # TRY NOT TO MODIFY: start the game
     start_time, start_step = time.time(), global_step
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress, desc=run_name)
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
     # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
     interrupts = []
@@ -765,8 +754,9 @@ def main(args: Args) -> None:
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
             v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
             if not (np.isfinite(loss) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
-                    f"error: non-finite loss or weights at iteration {iteration}; the last good checkpoint is kept"
+                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
             y_pred, y_true = values.flatten(), returns.flatten()
             var_y = torch.var(y_true)
@@ -813,4 +803,8 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
+        print("interrupted")
+        raise SystemExit(130) from None

@@ -20,6 +20,7 @@ from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 from torch.utils.tensorboard import SummaryWriter
 
@@ -108,6 +109,9 @@ class PPOArgs:
     ent_coef: float = 0.0
     normalize: bool = False
     """VecNormalize observations and rewards (as ppo_continuous.py does by default)"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the deterministic policy and print their mean (as the scripts'
+    --eval-checkpoint does); 0: none"""
 
 
 def sb3_ppo(args: PPOArgs) -> None:
@@ -128,6 +132,13 @@ def sb3_ppo(args: PPOArgs) -> None:
     writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
     model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
     writer.close()
+    if args.eval_episodes:
+        eval_env = make_vec_env(args.env_id, n_envs=1, seed=args.seed)
+        if args.normalize:  # the training statistics, frozen
+            eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
+            eval_env.obs_rms = envs.obs_rms
+        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, return_episode_rewards=True)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
 
 
 @dataclass

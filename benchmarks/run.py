@@ -64,7 +64,7 @@ class Config:
 
 # the RL Baselines3 Zoo's PPO settings for LunarLander: 16 envs x 1024 steps, minibatches of 64, 4 epochs
 LUNAR_ZOO = ["--num-envs", "16", "--num-steps", "1024", "--batch-size", "64", "--epochs", "4"]
-LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01"]
+LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01", "--eval-episodes", "20"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
@@ -80,10 +80,10 @@ PRESETS: dict[str, dict] = {
     ),
     "ppg-lunarlander": dict(
         configs=[
-            Config("ppg", ["ppg_lunarlander.py"]),
-            Config("ppg_noaux", ["ppg_lunarlander.py", "--e-auxiliary", "0"]),
+            Config("ppg", ["ppg_lunarlander.py", "--save-model"]),
+            Config("ppg_noaux", ["ppg_lunarlander.py", "--e-auxiliary", "0", "--save-model"]),
             Config("sb3_ppo_zoo", ["benchmarks/peers.py", "sb3-ppo", "--env-id", "LunarLander-v3", *LUNAR_ZOO]),
-            Config("fsmn", ["ppo_fsmn_cartpole.py", "--env-id", "LunarLander-v3"]),
+            Config("fsmn", ["ppo_fsmn_cartpole.py", "--env-id", "LunarLander-v3", "--save-model"]),
         ],
         extra=["--total-timesteps", "1000000"],
         seeds=[1, 2, 3, 4, 5],
@@ -276,9 +276,13 @@ def backend_results(args: Args, jobs: dict[str, list[str]]):
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             threads = threads_per_run(args.workers)
             futures = {pool.submit(execute, argv, ROOT, threads): key for key, argv in jobs.items()}
-            for future in as_completed(futures):
-                progress.update()
-                yield futures[future], jobs[futures[future]], *future.result()
+            try:
+                for future in as_completed(futures):
+                    progress.update()
+                    yield futures[future], jobs[futures[future]], *future.result()
+            finally:  # on Ctrl-C the queued runs never start; the running ones stop on their own Ctrl-C
+                for future in futures:
+                    future.cancel()
     else:
         import ray
 
@@ -313,11 +317,17 @@ def main(args: Args) -> None:
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already complete, {len(todo)} to run, in {out}")
     failed, start = [], time.time()
     jobs = {run_key(config, seed): argv_of(config, seed, extra) for config, seed in todo}
-    for key, argv, code, output, archive in backend_results(args, jobs):
-        log_path = collect(key, argv, code, output, archive, out)
-        if code != 0:
-            failed.append(key)
-            tqdm.write(f"FAILED {key} (exit {code}): see {log_path}")
+    finished = 0
+    try:
+        for key, argv, code, output, archive in backend_results(args, jobs):
+            log_path = collect(key, argv, code, output, archive, out)
+            finished += 1
+            if code != 0:
+                failed.append(key)
+                tqdm.write(f"FAILED {key} (exit {code}): see {log_path}")
+    except KeyboardInterrupt:  # the runs cut short get no completion marker: the same command runs them again
+        print(f"interrupted: {finished} of {len(jobs)} runs finished; the same command runs the others")
+        raise SystemExit(130) from None
     print(f"done in {time.time() - start:.0f} s; {len(failed)} failed")
     if report and args.report:
         from report import Args as ReportArgs

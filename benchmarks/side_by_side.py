@@ -8,7 +8,8 @@ and every script beside ppo_atari.py. A second run starts first, with no step li
 the measured run starts; when the measured run ends, the second one is stopped with Ctrl-C. Steps per second come from
 each run's TensorBoard `charts/SPS` events after a burn-in, and the second run's over the same wall-clock window (its
 step count interpolated at the window's ends), so the table gives both runs' share of their speed alone. `--against REF`
-also runs each script's copy at git commit REF (or from a folder) in every configuration: the speed before and after.
+also runs each script's copy at git commit REF (or from a folder) alone, in the same alternation: the speed before and
+after.
 """
 
 import glob
@@ -45,14 +46,20 @@ class Args:
     """rounds of every configuration, alternating"""
     burn_in: float = 0.2
     """fraction of a measured run's steps left out of its measurement"""
+    total_timesteps: int | None = None
+    """steps of every measured run (default: each script's, in SCRIPTS)"""
     against: str | None = None
-    """a git commit (or a folder holding the scripts as they were) whose copies also run in every configuration"""
+    """a git commit (or a folder holding the scripts as they were) whose copies also run alone"""
+    against_beside: bool = False
+    """with --against, also run the commit's copies beside each other (slow where they starve each other)"""
     out_dir: str = os.path.join(ROOT, "benchmarks", "results")
     """where the table is written"""
 
 
 def events(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    """(wall times, global steps) of a run's `charts/SPS` events."""
+    """(wall times, global steps) of a run's `charts/SPS` events (none while its folder does not exist)."""
+    if not run_dir:
+        return np.array([]), np.array([])
     accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     accumulator.Reload()
     scalars = accumulator.Scalars("charts/SPS") if "charts/SPS" in accumulator.Tags()["scalars"] else []
@@ -83,25 +90,33 @@ def measure(command: list[str], total: int, burn_in: float, second: list[str] | 
     """Steps per second of `command` (alone, or beside `second`) and of `second` over the same window (nan alone)."""
     folder = tempfile.mkdtemp(prefix="side_by_side_")
     background = None
-    if second is not None:
-        background = start(second, os.path.join(folder, "second"), 10**9)
-        while len(events(run_dir(os.path.join(folder, "second")))[0]) < 1:  # started up and ran one iteration
-            if background.poll() is not None:
-                finish(background, os.path.join(folder, "second"), " ".join(second))
-            time.sleep(1)
-    process = start(command, os.path.join(folder, "first"), total)
-    finish(process, os.path.join(folder, "first"), " ".join(command))
-    wall, steps = events(run_dir(os.path.join(folder, "first")))
-    kept = steps >= burn_in * total
-    if kept.sum() < 2:
-        raise SystemExit(f"error: {' '.join(command)} logged fewer than two iterations after the burn-in")
-    t0, t1 = wall[kept][0], wall[kept][-1]
-    sps, second_sps = (steps[kept][-1] - steps[kept][0]) / (t1 - t0), float("nan")
-    if background is not None:
-        background.send_signal(signal.SIGINT)
-        finish(background, os.path.join(folder, "second"), " ".join(second), interrupted=True)
-        wall2, steps2 = events(run_dir(os.path.join(folder, "second")))
-        second_sps = (np.interp(t1, wall2, steps2) - np.interp(t0, wall2, steps2)) / (t1 - t0)
+    try:
+        if second is not None:
+            background = start(second, os.path.join(folder, "second"), 10**9)
+            while len(events(run_dir(os.path.join(folder, "second")))[0]) < 1:  # started up and ran one iteration
+                if background.poll() is not None:
+                    finish(background, os.path.join(folder, "second"), " ".join(second))
+                time.sleep(1)
+        process = start(command, os.path.join(folder, "first"), total)
+        finish(process, os.path.join(folder, "first"), " ".join(command))
+        wall, steps = events(run_dir(os.path.join(folder, "first")))
+        kept = steps >= burn_in * total
+        if kept.sum() < 2:
+            raise SystemExit(f"error: {' '.join(command)} logged fewer than two iterations after the burn-in")
+        t0, t1 = wall[kept][0], wall[kept][-1]
+        sps, second_sps = (steps[kept][-1] - steps[kept][0]) / (t1 - t0), float("nan")
+        if background is not None:
+            while (wall2 := events(run_dir(os.path.join(folder, "second")))[0]).max() < t1:  # an event past the window
+                if background.poll() is not None:
+                    finish(background, os.path.join(folder, "second"), " ".join(second))
+                time.sleep(0.5)
+            background.send_signal(signal.SIGINT)
+            finish(background, os.path.join(folder, "second"), " ".join(second), interrupted=True)
+            wall2, steps2 = events(run_dir(os.path.join(folder, "second")))
+            second_sps = (np.interp(t1, wall2, steps2) - np.interp(t0, wall2, steps2)) / (t1 - t0)
+    finally:  # a failure leaves no second run behind
+        if background is not None and background.poll() is None:
+            background.kill()
     subprocess.run(["rm", "-rf", folder])
     return sps, second_sps
 
@@ -120,16 +135,22 @@ def main(args: Args) -> None:
         return [os.path.join(versions[version], script), *flags]
 
     # (measured script, second script or None, version) -> [(sps, second's sps), ...]
-    configs = [(name, second, version) for version in versions for second in (None, "self", SECOND) for name in names]
-    configs = [(n, s, v) for n, s, v in configs if not (s == SECOND and n == SECOND)]  # atari beside atari is "self"
+    configs = [(name, None, version) for name in names for version in versions]  # alone: each next to its old copy
+    configs += [(SECOND, None, version) for version in versions if SECOND not in names]  # the second's own speed alone
+    beside = [v for v in versions if v == "" or args.against_beside]
+    configs += [(n, s, v) for v in beside for s in ("self", SECOND) for n in names if (s, n) != (SECOND, SECOND)]
     results = {config: [] for config in configs}
     for repeat in range(args.repeats):
         for name, second, version in configs:
             other = None if second is None else command(name if second == "self" else second, version)
-            results[name, second, version].append(measure(command(name, version), SCRIPTS[name][1], args.burn_in, other))
+            total = args.total_timesteps or SCRIPTS[name][1]
+            results[name, second, version].append(measure(command(name, version), total, args.burn_in, other))
             sps, second_sps = results[name, second, version][-1]
             label = f"{version + ' ' if version else ''}{name}" + (f" beside {second}" if second else " alone")
-            print(f"repeat {repeat + 1}, {label}: {sps:.0f} steps/s" + (f", second {second_sps:.0f}" if second else ""))
+            print(
+                f"repeat {repeat + 1}, {label}: {sps:.0f} steps/s" + (f", second {second_sps:.0f}" if second else ""),
+                flush=True,
+            )
 
     def median(config, index=0) -> float:
         return float(np.median([r[index] for r in results[config]]))
@@ -143,23 +164,24 @@ def main(args: Args) -> None:
         f"(measured runs; the first {args.burn_in:.0%} of their steps left out). Machine: {machine()}.",
         f"Generated by `python benchmarks/side_by_side.py --repeats {args.repeats}"
         + (f" --scripts {' '.join(names)}" if args.scripts else "")
+        + (f" --total-timesteps {args.total_timesteps}" if args.total_timesteps else "")
+        + (f" --burn-in {args.burn_in}" if args.burn_in != 0.2 else "")
         + (f" --against {args.against}" if args.against else "")
+        + (" --against-beside" if args.against_beside else "")
         + "`.",
         "",
         "| version | script | alone | beside itself (each) | share | beside ppo_atari.py | share "
         "| ppo_atari.py beside it: share |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for version in versions:
-        atari_alone = median((SECOND, None, version)) if (SECOND, None, version) in results else float("nan")
+    for version in beside:
+        atari_alone = median((SECOND, None, version))
         for name in names:
             alone, itself = median((name, None, version)), median((name, "self", version))
-            row = [version or "this", name, f"{alone:.0f}", f"{itself:.0f}", f"{itself / alone:.0%}"]
+            row = [version or "this", name, f"{alone:.0f}", f"{itself:.0f}", f"{itself / alone:.0%}", "", "", ""]
             if (name, SECOND, version) in results:
-                beside, atari = median((name, SECOND, version)), median((name, SECOND, version), 1)
-                row += [f"{beside:.0f}", f"{beside / alone:.0%}", f"{atari / atari_alone:.0%}"]
-            else:
-                row += ["", "", ""]
+                with_atari, atari = median((name, SECOND, version)), median((name, SECOND, version), 1)
+                row[5:] = [f"{with_atari:.0f}", f"{with_atari / alone:.0%}", f"{atari / atari_alone:.0%}"]
             lines.append("| " + " | ".join(row) + " |")
     if args.against is not None:
         lines.append("")

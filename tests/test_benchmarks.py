@@ -1,7 +1,11 @@
 """benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs."""
 
+import glob
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, run_script
@@ -79,6 +83,43 @@ def test_runner_runs_skips_and_resumes(tmp_path):
     assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
 
 
+@pytest.mark.smoke
+def test_runner_ctrl_c_marks_nothing_complete_and_starts_nothing_more(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the runner's process group, its runs included): the runner exits 130
+    with one line and no traceback, the interrupted run gets no completion marker and the queued one never starts."""
+    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), *flags, "--extra=--total-timesteps 10000000"]
+    runner = subprocess.Popen(
+        command, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)):
+        time.sleep(0.5)
+    time.sleep(5)  # the run is under way
+    os.killpg(runner.pid, signal.SIGINT)
+    try:
+        stdout, stderr = runner.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(runner.pid, signal.SIGKILL)
+        raise
+    assert runner.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted: 0 of 2 runs finished" in stdout
+    assert os.listdir(tmp_path / "done") == [] and os.listdir(tmp_path / "logs") == []
+
+
+def child_commands(pid: int) -> list[str]:
+    """The command lines of a process's children, whichever of its threads started them (Linux /proc)."""
+    commands = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            if int(open(stat).read().rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the parent
+                commands.append(open(os.path.join(os.path.dirname(stat), "cmdline")).read().replace("\0", " "))
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            pass
+    return commands
+
+
 def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):
     """--workers N: each local run gets OMP_NUM_THREADS = cores // N (at least 1), and torch in it that many threads;
     one worker, or OMP_NUM_THREADS already set, leaves the runs' own defaults."""
@@ -136,3 +177,21 @@ def test_sps_pair_against_an_earlier_commit(tmp_path):
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --against=no-such-commit")
     bad = run_script("benchmarks/sps.py", *flags[:4], "--variants", "nope", cwd=str(tmp_path))
     assert bad.returncode != 0 and "error: --variants=nope not in pair fsmn-cartpole: eager, --compile" in bad.stderr
+
+
+@pytest.mark.smoke
+def test_side_by_side_table(tmp_path):
+    """side_by_side.py measures a script alone (and its copy at a commit), beside itself and beside ppo_atari.py, and
+    writes every share; an unknown script is one line."""
+    flags = ["--scripts", "fsmn", "--repeats", "1", "--total-timesteps", "2048", "--burn-in", "0"]
+    result = run_script(
+        "benchmarks/side_by_side.py", *flags, "--against", "HEAD", "--out-dir", str(tmp_path), cwd=str(tmp_path)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / "side_by_side_against_HEAD.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| this | fsmn |")).split("|")[1:-1]
+    assert len(row) == 8 and all(cell.strip().rstrip("%").isdigit() for cell in row[2:]), row
+    assert "Alone, fsmn against HEAD: median ratio **" in text
+    assert "--scripts fsmn --total-timesteps 2048 --burn-in 0.0 --against HEAD`." in text
+    bad = run_script("benchmarks/side_by_side.py", "--scripts", "nope", cwd=str(tmp_path))
+    assert bad.returncode != 0 and "error: --scripts=nope: each must be one of fsmn, continuous" in bad.stderr

@@ -1,0 +1,92 @@
+"""Bad input to every top-level script: each kind is refused by its flag parser with one line that names the flag and
+what it accepts, before anything is written; a refused --resume leaves its run as it was; a resume with other flags
+names each one that differs."""
+
+import dataclasses
+import glob
+import os
+
+import pytest
+import torch
+import tyro
+from conftest import ROOT, assert_one_line_error, import_script, run_dirs, run_script
+
+SCRIPTS = sorted(
+    os.path.basename(path)[: -len(".py")]
+    for pattern in ("ppo_*.py", "ppg_*.py")
+    for path in glob.glob(os.path.join(ROOT, pattern))
+)
+
+# (flags, the refused flag and value as the error line names them); a script runs the kinds whose flags it has
+KINDS = [
+    (["--seed", "-1"], "--seed=-1"),
+    (["--seed", str(2**32)], f"--seed={2**32}"),
+    (["--threads", "-1"], "--threads=-1"),
+    (["--save-interval", "0"], "--save-interval=0"),
+    (["--eval-episodes", "0"], "--eval-episodes=0"),
+    (["--num-envs", "0"], "--num-envs=0"),
+    (["--num-steps", "0"], "--num-steps=0"),
+    (["--total-timesteps", "1"], "--total-timesteps=1"),
+    (["--learning-rate", "nan"], "--learning-rate=nan"),
+    (["--learning-rate", "-1.0"], "--learning-rate=-1.0"),
+    (["--learning-rate", "inf"], "--learning-rate=inf"),
+    (["--gamma", "1.5"], "--gamma=1.5"),
+    (["--gae-lambda", "-0.1"], "--gae-lambda=-0.1"),
+    (["--num-minibatches", "0"], "--num-minibatches=0"),
+    (["--update-epochs", "0"], "--update-epochs=0"),
+    (["--clip-coef", "-1.0"], "--clip-coef=-1.0"),
+    (["--ent-coef", "nan"], "--ent-coef=nan"),
+    (["--vf-coef", "-1.0"], "--vf-coef=-1.0"),
+    (["--max-grad-norm", "-1.0"], "--max-grad-norm=-1.0"),
+    (["--target-kl", "0.0"], "--target-kl=0.0"),
+]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_kind_of_bad_number_is_one_line_naming_the_flag(name):
+    script = import_script(name)
+    flags = {f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(script.Args) if field.init}
+    kinds = [(argv, refused) for argv, refused in KINDS if argv[0] in flags]
+    assert len(kinds) >= 15, f"{name} checks only {len(kinds)} kinds"
+    for argv, refused in kinds:
+        with pytest.raises(SystemExit) as refusal:
+            tyro.cli(script.Args, args=argv)
+        message = str(refusal.value.code)
+        assert message.startswith(f"error: {refused} must be ") and "\n" not in message, (argv, message)
+
+
+CHEAP = {  # a script whose runs are quick enough for a resume test; the resume block is the same in every script
+    "ppo_fsmn_cartpole": ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"],
+}
+WIDER = {"ppo_fsmn_cartpole": ["--hidden-dim", "32"]}
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("name", sorted(CHEAP))
+def test_refused_resume_writes_nothing_and_other_flags_are_named(tmp_path, name):
+    cwd, tiny = str(tmp_path), [*CHEAP[name], "--no-progress"]
+    result = run_script(f"{name}.py", *tiny, "--total-timesteps", "256", "--save-model", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    path = os.path.join(run_dir, "checkpoint.pt")
+    before = sorted(os.listdir(run_dir))
+
+    # another network shape, a folder, a checkpoint without RNG states: one line each, and the run folder untouched
+    result = run_script(f"{name}.py", *tiny, *WIDER[name], "--total-timesteps", "512", "--resume", path, cwd=cwd)
+    assert_one_line_error(result, f"--resume={path}", "another shape")
+    result = run_script(f"{name}.py", *tiny, "--total-timesteps", "512", "--resume", run_dir, cwd=cwd)
+    assert_one_line_error(result, f"--resume={run_dir}", "folder", "checkpoint.pt")
+    old = os.path.join(cwd, "old.pt")
+    torch.save({k: v for k, v in torch.load(path, weights_only=True).items() if k != "rng_states"}, old)
+    result = run_script(f"{name}.py", *tiny, "--total-timesteps", "512", "--resume", old, cwd=cwd)
+    assert_one_line_error(result, f"--resume={old}", "RNG state")
+    assert sorted(os.listdir(run_dir)) == before and run_dirs(cwd) == [run_dir]
+
+    # other flags that keep the shapes: the run goes on and names each flag that differs
+    result = run_script(
+        f"{name}.py", *tiny, "--total-timesteps", "512", "--learning-rate", "0.01", "--save-model", "--resume", path, cwd=cwd
+    )
+    assert result.returncode == 0, result.stderr
+    assert "note: --learning-rate=0.01 differs from the checkpoint's" in result.stdout
+    assert "note: --total-timesteps=512 differs from the checkpoint's 256" in result.stdout
+    assert result.stdout.count("note: ") == 2, result.stdout
