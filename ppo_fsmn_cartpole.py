@@ -21,9 +21,9 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-# OpenMP threads sleep while they wait for work instead of spinning, so runs side by side share the cores (read once,
-# when torch loads; benchmarks/results/side_by_side.md)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads waiting for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux, spins 30 times longer by
+# default), so runs side by side share the cores; read once, when torch loads (benchmarks/results/side_by_side.md)
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import gymnasium as gym
 import numpy as np
