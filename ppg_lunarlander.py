@@ -90,7 +90,7 @@ class Args:
     """the discount factor gamma"""
     gae_lambda: float = 0.98
     """the lambda for the general advantage estimation"""
-    num_minibatches: int = 16
+    num_minibatches: int = 64
     """the number of mini-batches of the policy phase (formed over samples: it must divide num_envs * num_steps)"""
     norm_adv: bool = True
     """Toggles advantages normalization"""

@@ -63,10 +63,10 @@ PAIRS = {
         script=["ppg_lunarlander.py", "--no-progress"],
         variants={"ppg": [], "--e-auxiliary 0": ["--e-auxiliary", "0"]},
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "LunarLander-v3", "--num-envs", "16", "--num-steps", "256"]
-        + ["--batch-size", "256", "--epochs", "1"],
+        + ["--batch-size", "64", "--epochs", "1"],
         total_timesteps=163_840,  # 40 iterations: the window after the burn-in holds one auxiliary phase (iteration 32)
         description="ppg_lunarlander.py (PPG at its defaults, and without its auxiliary phase) vs SB3 PPO MlpPolicy "
-        "(2x64), LunarLander-v3, 16 envs x 256 steps, 1 epoch, minibatch 256",
+        "(2x64), LunarLander-v3, 16 envs x 256 steps, 1 epoch, minibatch 64",
     ),
     "atari-pong": dict(
         script=["ppo_atari.py", "--env-id", "PongNoFrameskip-v4", "--no-progress"],
