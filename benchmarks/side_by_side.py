@@ -3,13 +3,13 @@
     python benchmarks/side_by_side.py --repeats 2                      # every script; writes results/side_by_side.md
     python benchmarks/side_by_side.py --scripts fsmn --against 2438982 # also the scripts as they were at a commit
 
-Each repeat runs, one configuration after the other: every script alone, every script beside a second copy of itself,
-and every script beside ppo_atari.py. A second run starts first, with no step limit; once it has logged an iteration,
-the measured run starts; when the measured run ends, the second one is stopped with Ctrl-C. Steps per second come from
-each run's TensorBoard `charts/SPS` events after a burn-in, and the second run's over the same wall-clock window (its
-step count interpolated at the window's ends), so the table gives both runs' share of their speed alone. `--against REF`
-also runs each script's copy at git commit REF (or from a folder) alone, in the same alternation: the speed before and
-after.
+Each repeat runs, one configuration after the other: every script alone, beside a second copy of itself, and beside
+ppo_atari.py (or `--second`). The second run starts first, with no step limit; once it has logged an iteration, the
+measured run starts; when that one ends, the second is stopped with Ctrl-C. Steps per second come from each run's
+TensorBoard `charts/SPS` events after a burn-in, the second run's over the same wall-clock window (its step count
+interpolated at the window's ends), so the table gives both runs' share of their speed alone. `--against REF` also runs
+each script's copy at git commit REF (or from a folder) alone, next to the new one: the speed before and after;
+`--against-beside` also runs REF's copies side by side.
 """
 
 import glob
@@ -31,11 +31,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 SCRIPTS = {
     "fsmn": (["ppo_fsmn_cartpole.py"], 40_960),
     "continuous": (["ppo_continuous.py", "--env-id", "HalfCheetah-v5"], 61_440),
-    "ppg": (["ppg_lunarlander.py", "--n-iteration", "8"], 98_304),  # an auxiliary phase every 8 iterations of 4,096 steps
+    "ppg": (["ppg_lunarlander.py", "--n-iteration", "8", "--num-minibatches", "64"], 98_304),  # aux phase every 8 iterations
     "atari": (["ppo_atari.py", "--env-id", "PongNoFrameskip-v4"], 10_240),
     "transformer": (["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4"], 10_240),
 }
-SECOND = "atari"  # the heavy second run every script is also measured beside
 
 
 @dataclass
@@ -50,6 +49,8 @@ class Args:
     """steps of every measured run (default: each script's, in SCRIPTS)"""
     against: str | None = None
     """a git commit (or a folder holding the scripts as they were) whose copies also run alone"""
+    second: str = "atari"
+    """the second run every script is also measured beside (one of SCRIPTS; atari: the heaviest)"""
     against_beside: bool = False
     """with --against, also run the commit's copies beside each other (slow where they starve each other)"""
     out_dir: str = os.path.join(ROOT, "benchmarks", "results")
@@ -123,9 +124,10 @@ def measure(command: list[str], total: int, burn_in: float, second: list[str] | 
 
 def main(args: Args) -> None:
     names = args.scripts or list(SCRIPTS)
-    unknown = [name for name in names if name not in SCRIPTS]
+    unknown = [name for name in [*names, args.second] if name not in SCRIPTS]
     if unknown:
-        raise SystemExit(f"error: --scripts={' '.join(unknown)}: each must be one of {', '.join(SCRIPTS)}")
+        raise SystemExit(f"error: --scripts/--second={' '.join(unknown)}: each must be one of {', '.join(SCRIPTS)}")
+    SECOND, second_script = args.second, SCRIPTS[args.second][0][0]
     versions = {"": ROOT}
     if args.against is not None:
         versions[args.against] = extract_commit(args.against)
@@ -136,8 +138,8 @@ def main(args: Args) -> None:
 
     # (measured script, second script or None, version) -> [(sps, second's sps), ...]
     configs = [(name, None, version) for name in names for version in versions]  # alone: each next to its old copy
-    configs += [(SECOND, None, version) for version in versions if SECOND not in names]  # the second's own speed alone
     beside = [v for v in versions if v == "" or args.against_beside]
+    configs += [(SECOND, None, version) for version in beside if SECOND not in names]  # the second's own speed alone
     configs += [(n, s, v) for v in beside for s in ("self", SECOND) for n in names if (s, n) != (SECOND, SECOND)]
     results = {config: [] for config in configs}
     for repeat in range(args.repeats):
@@ -168,10 +170,11 @@ def main(args: Args) -> None:
         + (f" --burn-in {args.burn_in}" if args.burn_in != 0.2 else "")
         + (f" --against {args.against}" if args.against else "")
         + (" --against-beside" if args.against_beside else "")
+        + (f" --second {args.second}" if args.second != "atari" else "")
         + "`.",
         "",
-        "| version | script | alone | beside itself (each) | share | beside ppo_atari.py | share "
-        "| ppo_atari.py beside it: share |",
+        f"| version | script | alone | beside itself (each) | share | beside {second_script} | share "
+        f"| {second_script} beside it: share |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for version in beside:

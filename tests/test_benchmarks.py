@@ -181,17 +181,14 @@ def test_sps_pair_against_an_earlier_commit(tmp_path):
 
 @pytest.mark.smoke
 def test_side_by_side_table(tmp_path):
-    """side_by_side.py measures a script alone (and its copy at a commit), beside itself and beside ppo_atari.py, and
-    writes every share; an unknown script is one line."""
-    flags = ["--scripts", "fsmn", "--repeats", "1", "--total-timesteps", "2048", "--burn-in", "0"]
-    result = run_script(
-        "benchmarks/side_by_side.py", *flags, "--against", "HEAD", "--out-dir", str(tmp_path), cwd=str(tmp_path)
-    )
+    """side_by_side.py measures a script alone, beside itself and beside a second script, and writes every share (its
+    --against shares sps.py's commit extraction, tested there); an unknown script is one line."""
+    flags = ["--scripts", "fsmn", "--second", "continuous", "--repeats", "1", "--total-timesteps", "4096", "--burn-in", "0"]
+    result = run_script("benchmarks/side_by_side.py", *flags, "--out-dir", str(tmp_path), cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    text = (tmp_path / "side_by_side_against_HEAD.md").read_text()
+    text = (tmp_path / "side_by_side.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| this | fsmn |")).split("|")[1:-1]
     assert len(row) == 8 and all(cell.strip().rstrip("%").isdigit() for cell in row[2:]), row
-    assert "Alone, fsmn against HEAD: median ratio **" in text
-    assert "--scripts fsmn --total-timesteps 2048 --burn-in 0.0 --against HEAD`." in text
+    assert "--scripts fsmn --total-timesteps 4096 --burn-in 0.0 --second continuous`." in text
     bad = run_script("benchmarks/side_by_side.py", "--scripts", "nope", cwd=str(tmp_path))
-    assert bad.returncode != 0 and "error: --scripts=nope: each must be one of fsmn, continuous" in bad.stderr
+    assert bad.returncode != 0 and "error: --scripts/--second=nope: each must be one of fsmn, continuous" in bad.stderr
