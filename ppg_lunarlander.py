@@ -130,7 +130,7 @@ class Args:
     hidden_dim: int = 64
     """width of the two tanh layers of the policy network and of the value network"""
     threads: int = 1
-    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS); one suits small networks"""
+    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)

@@ -136,7 +136,7 @@ class Args:
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     threads: int = 1
-    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS); one suits small networks"""
+    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)

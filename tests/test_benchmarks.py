@@ -95,6 +95,7 @@ def test_runner_ctrl_c_marks_nothing_complete_and_starts_nothing_more(tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and not any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)):
         time.sleep(0.5)
+    assert any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)), "the runner started no run"
     time.sleep(5)  # the run is under way
     os.killpg(runner.pid, signal.SIGINT)
     try:
