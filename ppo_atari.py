@@ -462,11 +462,16 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
-    obs, _ = envs.reset(seed=seed)
-    scores = []
+    action_set = list(envs.unwrapped.ale.get_action_set())
+    fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    obs, infos = envs.reset(seed=seed)
+    scores, lives = [], infos["lives"]
     while len(scores) < episodes:
         logits, _ = agent(torch.as_tensor(obs, device=device))
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
+            action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
+        lives = infos["lives"]
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
         if "episode" in infos:
             scores.append(float(infos["episode"]["r"][0]))

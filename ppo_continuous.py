@@ -113,8 +113,7 @@ class Args:
     reward_clip: float = 10.0
     """clip scaled rewards to [-reward_clip, reward_clip]"""
     eval_interval: int = 0
-    """every this many iterations, evaluate as --eval-checkpoint does, log charts/eval_return and keep the best policy
-    in `runs/{run_name}/best.pt` (across --resume); 0: never"""
+    """every N iterations (0: never) play --eval-episodes, log charts/eval_return, keep the best in runs/{run_name}/best.pt"""
 
     # ALGO LOGIC: network arguments
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -122,7 +121,7 @@ class Args:
     critic_hidden_sizes: tuple[int, ...] = (64, 64)
     """widths of the critic's tanh MLP layers"""
     state_dependent_std: bool = False
-    """make the log-std a head of the actor (default: one free parameter per action dimension)"""
+    """make the log-std a head of the actor (otherwise one free parameter per action dimension)"""
     log_std_init: float = 0.0
     """initial log-std of the pre-squash Gaussian"""
     log_std_min: float = -5.0
@@ -194,6 +193,7 @@ class Args:
 def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
     def thunk():
         if capture_video and idx == 0:
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window, no display needed
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:

@@ -542,13 +542,18 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     agent.eval()
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
-    obs, _ = envs.reset(seed=seed)
+    action_set = list(envs.unwrapped.ale.get_action_set())
+    fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    obs, infos = envs.reset(seed=seed)
     memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
-    scores = []
+    scores, lives = [], infos["lives"]
     while len(scores) < episodes:
         hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
         logits = agent.actor(hidden)
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
+            action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
+        lives = infos["lives"]
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
         done = torch.as_tensor(termination | truncation, device=device)
         if "episode" in infos:

@@ -191,3 +191,28 @@ def assert_ctrl_c_keeps_logs_and_a_checkpoint(script: str, flags: list[str], cwd
     checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
     assert checkpoint["iteration"] >= 1
     assert len(read_scalars(run_dir)["charts/SPS"]) >= checkpoint["iteration"]
+
+
+def assert_evaluation_fires_after_a_lost_life(script, tmp_path, monkeypatch) -> None:
+    """A policy that never presses FIRE, evaluated on Breakout (FIRE serves the ball): the evaluation presses FIRE after
+    every lost life, so the game ends in a few hundred steps instead of running to the 27,000-step frame cap."""
+    args = script.Args(env_id="BreakoutNoFrameskip-v4")
+    agent = script.Agent(4, args)  # Breakout's actions: NOOP, FIRE, RIGHT, LEFT
+    with torch.no_grad():
+        agent.actor.weight.zero_()
+        agent.actor.bias.copy_(torch.tensor([10.0, 0.0, 0.0, 0.0]))  # NOOP, deterministically
+    optimizer = torch.optim.Adam(agent.parameters())
+    path = str(tmp_path / "checkpoint.pt")
+    script.save_checkpoint(path, script.make_checkpoint(args, "run", agent, optimizer, 1, 0))
+    lengths = []
+
+    class Recorded(script.RecordGameStatistics):
+        def step(self, actions):
+            *rest, info = super().step(actions)
+            lengths.extend(info["episode"]["l"][info["_episode"]] if "episode" in info else [])
+            return *rest, info
+
+    monkeypatch.setattr(script, "RecordGameStatistics", Recorded)
+    scores = script.evaluate(path, 1, True, torch.device("cpu"), seed=1)
+    assert len(scores) == 1 and len(lengths) == 1
+    assert lengths[0] < 3000, lengths  # without FIRE: 27,000 agent steps (108,000 frames)

@@ -13,6 +13,7 @@ from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
     WANDB_OFFLINE,
+    assert_evaluation_fires_after_a_lost_life,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     assert_videos_reached_the_wandb_run,
@@ -177,6 +178,10 @@ def test_training_replays_the_rollout(in_tmp, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The CLI
+
+
+def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):
+    assert_evaluation_fires_after_a_lost_life(p, tmp_path, monkeypatch)
 
 
 @pytest.mark.smoke

@@ -11,6 +11,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    assert_evaluation_fires_after_a_lost_life,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     import_script,
@@ -325,6 +326,10 @@ def test_a_run_stays_finite(in_tmp):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The CLI
+
+
+def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):
+    assert_evaluation_fires_after_a_lost_life(p, tmp_path, monkeypatch)
 
 
 @pytest.mark.smoke
