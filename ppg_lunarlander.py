@@ -113,7 +113,7 @@ class Args:
 
     # ALGO LOGIC: phasic policy gradient arguments
     n_iteration: int = 32
-    """N_pi: policy iterations per phase; the phase stores n_iteration x num_envs x num_steps samples (size printed)"""
+    """N_pi: policy iterations per phase; the phase stores their n_iteration x num_envs x num_steps samples (printed)"""
     e_policy: int = 1
     """E_pi: epochs of the policy loss in each policy-phase iteration"""
     e_value: int = 1
@@ -208,9 +208,11 @@ def check_env_args(env_id: str) -> None:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     env = gym.make(env_id)
     env.close()
-    if not isinstance(env.action_space, gym.spaces.Discrete) or len(env.observation_space.shape) != 1:
+    actions, observations = env.action_space, env.observation_space
+    flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
+    if not (isinstance(actions, gym.spaces.Discrete) and flat):
         raise SystemExit(
-            f"error: --env-id={env_id} has {env.action_space} actions and {env.observation_space} observations; "
+            f"error: --env-id={env_id} has {actions} actions and {observations} observations; "
             f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
         )
 

@@ -113,7 +113,7 @@ class Args:
     reward_clip: float = 10.0
     """clip scaled rewards to [-reward_clip, reward_clip]"""
     eval_interval: int = 0
-    """every N iterations (0: never) play --eval-episodes, log charts/eval_return, keep the best in runs/{run_name}/best.pt"""
+    """every this many iterations (0: never): play --eval-episodes, log them, keep the best in runs/{run_name}/best.pt"""
 
     # ALGO LOGIC: network arguments
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -204,26 +204,19 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
 
 
 def check_env_args(env_id: str) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-Box actions, unbounded actions."""
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
-        raise SystemExit(
-            f"error: --env-id={env_id} is not a registered gymnasium id "
-            "(list them with `python -c 'import gymnasium; gymnasium.pprint_registry()'`)"
-        ) from None
-    env = gym.make(spec)
-    action_space, observation_space = env.action_space, env.observation_space
+    """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat observation."""
+    if env_id not in gym.registry:
+        raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+    env = gym.make(env_id)
     env.close()
-    if not isinstance(action_space, gym.spaces.Box):
+    actions, observations = env.action_space, env.observation_space
+    bounded = isinstance(actions, gym.spaces.Box) and np.isfinite(actions.low).all() and np.isfinite(actions.high).all()
+    flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
+    if not (bounded and len(actions.shape) == 1 and flat):
         raise SystemExit(
-            f"error: --env-id={env_id} has a {type(action_space).__name__} action space; "
-            f"{SCRIPT}.py needs a Box one (e.g. Pendulum-v1, HalfCheetah-v5); use ppo_fsmn_cartpole.py for Discrete actions"
+            f"error: --env-id={env_id} has {actions} actions and {observations} observations; "
+            f"{SCRIPT}.py needs bounded flat Box actions and a flat Box observation (ppo_fsmn_cartpole.py takes Discrete)"
         )
-    if len(action_space.shape) != 1 or not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
-        raise SystemExit(f"error: --env-id={env_id} must have a flat Box action space with finite bounds, not {action_space}")
-    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
-        raise SystemExit(f"error: --env-id={env_id} must have a flat Box observation space, not {observation_space}")
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:

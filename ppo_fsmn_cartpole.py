@@ -183,14 +183,17 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
 
 
 def check_env_args(env_id: str, mask_velocity: bool) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, masking a non-CartPole."""
+    """One clear line for an env this script cannot run: unknown id, non-discrete actions, a non-flat observation,
+    masking a non-CartPole."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     env = gym.make(env_id)
     env.close()
-    if not isinstance(env.action_space, gym.spaces.Discrete) or len(env.observation_space.shape) != 1:
+    actions, observations = env.action_space, env.observation_space
+    flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
+    if not (isinstance(actions, gym.spaces.Discrete) and flat):
         raise SystemExit(
-            f"error: --env-id={env_id} has {env.action_space} actions and {env.observation_space} observations; "
+            f"error: --env-id={env_id} has {actions} actions and {observations} observations; "
             f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
         )
     if mask_velocity and not env_id.startswith("CartPole"):

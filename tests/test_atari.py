@@ -176,12 +176,12 @@ def test_training_replays_the_rollout(in_tmp, monkeypatch):
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The CLI
-
-
 def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):
     assert_evaluation_fires_after_a_lost_life(p, tmp_path, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI
 
 
 @pytest.mark.smoke

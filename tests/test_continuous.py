@@ -12,6 +12,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    NO_DISPLAY,
     WANDB_OFFLINE,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
@@ -525,7 +526,7 @@ def test_a_checkpoint_with_flags_of_an_earlier_version_still_evaluates(in_tmp):
 @pytest.mark.smoke
 def test_track_and_capture_video_put_the_videos_in_the_wandb_run(tmp_path):
     flags = [*TINY, "--num-steps", "100", "--total-timesteps", "400", "--capture-video", "--track"]
-    result = run_script(SCRIPT, *flags, cwd=str(tmp_path), env=WANDB_OFFLINE)
+    result = run_script(SCRIPT, *flags, cwd=str(tmp_path), env={**WANDB_OFFLINE, **NO_DISPLAY})
     assert result.returncode == 0, result.stderr
     assert "XDG_RUNTIME_DIR" not in result.stderr  # SDL's complaint without a display: pygame renders off-screen
     assert_videos_reached_the_wandb_run(str(tmp_path))
@@ -536,6 +537,7 @@ def test_track_and_capture_video_put_the_videos_in_the_wandb_run(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "CartPole-v1"], ["--env-id=CartPole-v1", "Discrete", "Box"]),
+        (["--env-id", "Blackjack-v1"], ["--env-id=Blackjack-v1", "flat Box observation"]),
         (["--num-minibatches", "3"], ["--num-minibatches=3", "divisor of the batch, 2048"]),
         (["--log-std-min", "1", "--log-std-max", "0"], ["--log-std-min=1.0", "--log-std-max=0.0"]),
         (["--actor-hidden-sizes", "64", "0"], ["--actor-hidden-sizes=(64, 0)"]),

@@ -8,6 +8,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    NO_DISPLAY,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
@@ -185,10 +186,11 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
 
 
 @pytest.mark.smoke
-def test_lunarlander_smoke(tmp_path):
+def test_lunarlander_smoke_with_video(tmp_path):
     flags = ["--num-envs", "4", "--num-steps", "64", "--n-iteration", "2", "--num-aux-rollouts", "4", "--no-progress"]
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "1024", cwd=str(tmp_path))
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "1024", "--capture-video", cwd=str(tmp_path), env=NO_DISPLAY)
     assert result.returncode == 0, result.stderr
+    assert glob.glob(str(tmp_path / "videos" / "*" / "*.mp4")) and "XDG_RUNTIME_DIR" not in result.stderr
     assert "losses/aux/real_value_loss" in read_scalars(run_dirs(str(tmp_path))[0])
 
 
@@ -202,6 +204,7 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Discrete"]),
+        (["--env-id", "Blackjack-v1"], ["--env-id=Blackjack-v1", "flat Box observation"]),
         (["--n-iteration", "0"], ["--n-iteration=0", "at least 1"]),
         (["--e-auxiliary", "-1"], ["--e-auxiliary=-1", "at least 0"]),
         (["--e-policy", "0", "--e-value", "0"], ["--e-value=0", "--e-policy + --e-value"]),

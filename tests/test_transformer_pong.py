@@ -324,12 +324,12 @@ def test_a_run_stays_finite(in_tmp):
         assert all(math.isfinite(v) for _, v in scalars[tag]), tag
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The CLI
-
-
 def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):
     assert_evaluation_fires_after_a_lost_life(p, tmp_path, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI
 
 
 @pytest.mark.smoke
