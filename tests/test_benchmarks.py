@@ -90,7 +90,13 @@ def test_runner_ctrl_c_marks_nothing_complete_and_starts_nothing_more(tmp_path):
     flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), *flags, "--extra=--total-timesteps 10000000"]
     runner = subprocess.Popen(
-        command, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal, even if pytest ignores it
     )
     deadline = time.time() + 60
     while time.time() < deadline and not any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)):
