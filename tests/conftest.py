@@ -72,7 +72,7 @@ def first_step_reaching(returns: list[tuple[int, float]], threshold: float, wind
 
 WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # --track without a network: the run goes to ./wandb
 # no display, as on a server: SDL (pygame) complains unless the scripts render off-screen, as they should
-NO_DISPLAY = {"XDG_RUNTIME_DIR": "", "DISPLAY": "", "WAYLAND_DISPLAY": "", "SDL_VIDEODRIVER": ""}
+NO_DISPLAY = {"XDG_RUNTIME_DIR": "", "DISPLAY": "", "WAYLAND_DISPLAY": ""}
 
 
 def assert_videos_reached_the_wandb_run(cwd: str) -> None:
