@@ -274,10 +274,11 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        probs = Categorical(logits=self.actor(self.actor_trunk(x)), validate_args=False)
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.get_value(x)
+        logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
+            return *sample_categorical(logits), None, value
+        probs = Categorical(logits=logits, validate_args=False)
+        return action, probs.log_prob(action), probs.entropy(), value
 
     def get_pi_and_aux_value(self, x: torch.Tensor) -> tuple[Categorical, torch.Tensor]:
         hidden = self.actor_trunk(x)
@@ -308,6 +309,15 @@ def compute_gae(
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
+
+
+def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the logits
+    plus Gumbel(0, 1) noise is distributed as softmax(logits) (tested against Categorical). The rollout's sampler: at a
+    batch of a few envs, Categorical.sample's overhead slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def minibatch_loss(

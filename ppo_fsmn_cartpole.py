@@ -325,10 +325,11 @@ class Agent(nn.Module):
         self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden, memory = self.get_states(x, memory, episode_starts)
-        probs = Categorical(logits=self.actor(hidden[0]), validate_args=False)
-        if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden[-1]).squeeze(-1), memory
+        logits, value = self.actor(hidden[0]), self.critic(hidden[-1]).squeeze(-1)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
+            return *sample_categorical(logits), None, value, memory
+        probs = Categorical(logits=logits, validate_args=False)
+        return action, probs.log_prob(action), probs.entropy(), value, memory
 
     def get_states_sequence(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
         """A whole rollout in one pass. x: (T, B, obs_dim); memory: (L, B, N, H) from the rollout's start;
@@ -378,6 +379,14 @@ def compute_gae(
         lastgaelam = deltas[t] + discounts[t] * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
+
+
+def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits + Gumbel
+    noise): the rollout's sampler, as Categorical's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    action = torch.argmax(logits + gumbel, dim=-1)
+    return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -223,8 +223,9 @@ def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, 
 
 
 def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
-    """The rollout's get_action_and_value (a sample and its log-probability), the same call given those actions, and the
-    loss's get_action_and_value_sequence score the actions alike, and agree with softmax probabilities computed by hand."""
+    """The rollout's get_action_and_value (a Gumbel-max sample and its log-probability, no entropy), the same call given
+    those actions, and the loss's get_action_and_value_sequence score the actions alike, and agree with softmax
+    probabilities computed by hand."""
     agent = random_agent(memory_order=3, num_blocks=2, separate_trunks=True)
     obs, starts = torch.randn(9, 4, 3), torch.rand(9, 4) < 0.2
     starts[0] = True
@@ -232,8 +233,9 @@ def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
         memory, sampled = agent.initial_memory(4, "cpu"), []
         for t in range(9):
             action, logprob, entropy, value, memory = agent.get_action_and_value(obs[t], memory, starts[t])
-            sampled.append((action, logprob, entropy, value))
-        actions, logprobs, entropies, values = (torch.stack(x) for x in zip(*sampled))
+            assert entropy is None
+            sampled.append((action, logprob, value))
+        actions, logprobs, values = (torch.stack(x) for x in zip(*sampled))
         memory, given = agent.initial_memory(4, "cpu"), []
         for t in range(9):
             *scored, memory = agent.get_action_and_value(obs[t], memory, starts[t], actions[t])
@@ -247,8 +249,7 @@ def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
         torch.testing.assert_close(got, logprobs, rtol=0, atol=1e-5)
     for got in (given_values, seq_value):
         torch.testing.assert_close(got, values, rtol=0, atol=1e-5)
-    for got in (given_entropies, seq_entropy):
-        torch.testing.assert_close(got, entropies, rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq_entropy, given_entropies, rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_logprob, probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1).log(), rtol=0, atol=1e-5)
     torch.testing.assert_close(seq_entropy, -(probs * probs.log()).sum(-1), rtol=0, atol=1e-5)
 
