@@ -12,7 +12,7 @@ trains the value network further. `--e-auxiliary 0` is the in-script ablation: P
         --total-timesteps 150000                       # CartPole (the learning test's settings)
     python ppg_lunarlander.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
 
-Results: README.md."""
+Results: README.md and benchmarks/results/ppg_lunarlander.md."""
 
 import copy
 import glob
