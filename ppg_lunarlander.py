@@ -113,7 +113,7 @@ class Args:
 
     # ALGO LOGIC: phasic policy gradient arguments
     n_iteration: int = 32
-    """N_pi: policy iterations per phase; the phase stores their n_iteration x num_envs x num_steps samples (printed)"""
+    """N_pi: policy iterations per phase; the phase stores n_iteration x num_envs x num_steps samples (its size is printed)"""
     e_policy: int = 1
     """E_pi: epochs of the policy loss in each policy-phase iteration"""
     e_value: int = 1
@@ -312,9 +312,8 @@ def compute_gae(
 
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability, by the Gumbel-max trick: the argmax of the logits
-    plus Gumbel(0, 1) noise is distributed as softmax(logits) (tested against Categorical). The rollout's sampler: at a
-    batch of a few envs, Categorical.sample's overhead slows the whole script (benchmarks/results/sps_rollout_sampling.md)."""
+    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits + Gumbel
+    noise): the rollout's sampler, as Categorical's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
     gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
