@@ -116,6 +116,8 @@ class Args:
     """number of FSMN blocks in a trunk"""
     memory_order: int = 8
     """number of past hidden states each block remembers (0: the memoryless ablation)"""
+    prev_action: bool = False
+    """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     separate_trunks: bool = False
     """give the actor and the critic a trunk each (otherwise they share one)"""
     norm_obs: bool = True
@@ -295,14 +297,24 @@ class Agent(nn.Module):
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
-        self.memory_order, self.hidden_dim = args.memory_order, args.hidden_dim
+        self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
+        self.prev_action = args.prev_action
         self.trunks = nn.ModuleList(
-            FSMNTrunk(obs_dim, args.hidden_dim, args.num_blocks, args.memory_order)
+            FSMNTrunk(obs_dim + n_actions * args.prev_action, args.hidden_dim, args.num_blocks, args.memory_order)
             for _ in range(2 if args.separate_trunks else 1)
         )
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
+
+    def observe(self, obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+        """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with --prev-action, the
+        previous action one-hot, zero at an episode start. obs: (..., obs_dim) raw; prev_action, episode_starts: (...)."""
+        x = self.obs_norm(obs)
+        if not self.prev_action:
+            return x
+        one_hot = nn.functional.one_hot(prev_action, self.n_actions).to(x.dtype) * ~episode_starts.unsqueeze(-1)
+        return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
@@ -311,8 +323,8 @@ class Agent(nn.Module):
     def get_states(
         self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for every env. x: (B, obs_dim) normalised; memory: (L, B, N, H); episode_starts: (B,) bool. Returns the
-        features (K, B, H) of K = 1 or 2 trunks (the actor reads the first, the critic the last) and the next memory."""
+        """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N, H); episode_starts: (B,) bool.
+        Returns the features (K, B, H) of K = 1 or 2 trunks (the actor reads the first, the critic the last), next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         outputs = [trunk.step(x, m) for trunk, m in zip(self.trunks, memory.chunk(len(self.trunks)))]
         return torch.stack([h for h, _ in outputs]), torch.cat([m for _, m in outputs])
@@ -332,7 +344,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), value, memory
 
     def get_states_sequence(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
-        """A whole rollout in one pass. x: (T, B, obs_dim); memory: (L, B, N, H) from the rollout's start;
+        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N, H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (K, T, B, H), equal to running `get_states` T times."""
         # Episode ids: the N remembered steps are episode 0 and every start begins a new id; tap i of step t is used only
         # if step t-i has step t's id. N=3, T=5, an episode starts at t=2:
@@ -500,10 +512,10 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         memory, start = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
-        done, total = False, 0.0
+        done, total, action = False, 0.0, torch.zeros(1, dtype=torch.long, device=device)
         while not done:
-            obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
-            hidden, memory = agent.get_states(obs_t, memory, start)
+            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            hidden, memory = agent.get_states(agent.observe(obs_t, action, start), memory, start)  # frozen statistics
             logits = agent.actor(hidden[0])
             action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
@@ -581,6 +593,7 @@ def main(args: Args) -> None:
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # actions[t-1], per env
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -592,6 +605,7 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+    action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # the previous action, unused at a start
 
     # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
     if args.track:
@@ -644,9 +658,11 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
                 episode_starts[step] = next_done
+                prev_actions[step] = action
 
                 with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, _, value, memory = get_action_and_value(agent.obs_norm(next_obs), memory, next_done)
+                    x = agent.observe(next_obs, action, next_done)
+                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done)
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -657,8 +673,9 @@ def main(args: Args) -> None:
                     # bootstrap a truncated episode from its final observation, seen with that episode's memory
                     final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
                     with torch.no_grad():
-                        final_obs = agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
-                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        no_start = torch.zeros_like(next_done)
+                        final_value = agent.get_value(agent.observe(final_obs, action, no_start), memory, no_start)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
                 next_done = torch.as_tensor(termination | truncation, device=device)
@@ -675,11 +692,11 @@ def main(args: Args) -> None:
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
             )
             with torch.no_grad():
-                next_value = agent.get_value(agent.obs_norm(next_obs), memory, next_done)
+                next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
                 advantages, returns = compute_gae(
                     rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
                 )
-                seen_obs = agent.obs_norm(obs)  # (T, B, obs_dim): exactly what the policy saw, the statistics were frozen
+                seen_obs = agent.observe(obs, prev_actions, episode_starts)  # (T, B, ...): what the policy saw
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 

@@ -196,10 +196,20 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
     assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
 
 
-def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
-    """Training sees the observations (normalised by the same frozen statistics), the memory and the episode masks
-    that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
-    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
+@pytest.mark.parametrize("prev_action", [False, True])
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action):
+    """Training sees the observations (normalised by the same frozen statistics), the previous actions, the memory and
+    the episode masks that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, prev_action=prev_action)
+
+
+def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
+    agent = p.Agent(2, 3, p.Args(prev_action=True, norm_obs=False))
+    obs, prev_action, starts = torch.randn(4, 2), torch.tensor([0, 2, 1, 2]), torch.tensor([False, False, True, False])
+    expected = torch.cat([obs, torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 1]])], dim=-1)
+    torch.testing.assert_close(agent.observe(obs, prev_action, starts), expected, rtol=0, atol=0)
+    assert agent.trunks[0].embed.in_features == 5
+    torch.testing.assert_close(p.Agent(2, 3, p.Args(norm_obs=False)).observe(obs, prev_action, starts), obs)
 
 
 def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
