@@ -25,6 +25,16 @@ from dataclasses import asdict, dataclass, field, fields
 # default), so runs side by side share the cores; read once, when torch loads (benchmarks/results/side_by_side.md)
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
+
+def interrupted(signum, frame):
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    print("interrupted")
+    raise SystemExit(130)
+
+
+if __name__ == "__main__":  # set before the libraries below load, which takes seconds
+    signal.signal(signal.SIGINT, interrupted)
+
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -637,6 +647,10 @@ def main(args: Args) -> None:
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
 
     # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    try:
+        os.makedirs(f"runs/{run_name}", exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: cannot create runs/{run_name} ({e.strerror}); run from a folder you can write to") from None
     if args.track:
         import wandb
 
@@ -808,8 +822,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except KeyboardInterrupt:  # outside the training loop's own handler: start-up, evaluation, a second Ctrl-C
-        print("interrupted")
-        raise SystemExit(130) from None
+    main(tyro.cli(Args))

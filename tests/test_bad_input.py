@@ -1,10 +1,12 @@
 """Bad input to every top-level script: each kind is refused by its flag parser with one line that names the flag and
 what it accepts, before anything is written; a refused --resume leaves its run as it was; a resume with other flags
-names each one that differs."""
+names each one that differs; a folder where runs/ cannot be made, and Ctrl-C while the libraries load, are one line."""
 
 import dataclasses
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -90,3 +92,39 @@ def test_refused_resume_writes_nothing_and_other_flags_are_named(tmp_path, name)
     assert "note: --learning-rate=0.01 differs from the checkpoint's" in result.stdout
     assert "note: --total-timesteps=512 differs from the checkpoint's 256" in result.stdout
     assert result.stdout.count("note: ") == 2, result.stdout
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_folder_where_runs_cannot_be_created_is_one_line(tmp_path, monkeypatch, name):
+    script = import_script(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")  # a file where the runs/ folder would go
+    args = tyro.cli(script.Args, args=["--num-envs", "2", "--num-minibatches", "2", "--no-progress"])
+    args.total_timesteps, args.num_iterations = args.batch_size, 1  # one iteration, should the check be missing
+    with pytest.raises(SystemExit) as refusal:
+        script.main(args)
+    message = str(refusal.value.code)
+    assert message.startswith("error: cannot create runs/") and "\n" not in message, message
+    assert os.listdir(tmp_path) == ["runs"]
+
+
+CTRL_C_ON_TORCH = """
+import os, runpy, signal, sys
+
+class CtrlCOnTorch:  # press Ctrl-C the moment the script starts to import torch
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, CtrlCOnTorch())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_ctrl_c_while_the_libraries_load_is_one_line_and_status_130(tmp_path, name):
+    script = os.path.join(ROOT, f"{name}.py")
+    argv = [sys.executable, "-c", CTRL_C_ON_TORCH, script, "--help"]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "interrupted\n", ""), result.stderr
