@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 
 # OpenMP threads waiting for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux, spins 30 times longer by
@@ -214,9 +215,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str):
 
 
 def check_env_args(env_id: str) -> None:
-    """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat observation."""
+    """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat observation.
+    MuJoCo's own warnings go through Python's (each shown once), not to stderr for every env and to ./MUJOCO_LOG.TXT."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+    if "mujoco" in str(gym.spec(env_id).entry_point):
+        import mujoco
+
+        mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message}", stacklevel=1))
     env = gym.make(env_id)
     env.close()
     actions, observations = env.action_space, env.observation_space

@@ -446,6 +446,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     batch = 2 * steps
     result = run_script(SCRIPT, *flags, "--total-timesteps", str(2 * batch), "--save-model", "--save-interval", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
+    assert result.stderr.count("settotalmass") <= 1 and "MUJOCO_LOG.TXT" not in os.listdir(cwd), result.stderr
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
     assert ITERATION_TAGS <= set(scalars), set(scalars)
