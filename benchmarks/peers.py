@@ -53,6 +53,28 @@ def mask_velocity(env: gym.Env) -> gym.Env:
     )
 
 
+class PreviousAction(gym.Wrapper):
+    """Appends the previous action, one-hot and zero after a reset, to the observation: the input that
+    `ppo_fsmn_cartpole.py --prev-action` gives its network, for a peer whose library has no such option."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        n = env.action_space.n
+        self.one_hot, self.none = np.eye(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+        low, high = env.observation_space.low, env.observation_space.high
+        self.observation_space = gym.spaces.Box(
+            np.concatenate([low, self.none]), np.concatenate([high, self.none + 1]), dtype=np.float32
+        )
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return np.concatenate([obs, self.none]), info
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return (np.concatenate([obs, self.one_hot[action]]), *rest)
+
+
 @dataclass
 class RecurrentPPOArgs:
     """sb3-contrib RecurrentPPO with the RL Zoo's `ppo_lstm` settings for CartPoleNoVel-v1."""
@@ -61,10 +83,13 @@ class RecurrentPPOArgs:
     total_timesteps: int = 150_000
     exp_name: str = "sb3_recurrent_ppo"
     env_id: str = "CartPole-v1"
+    prev_action: bool = False
+    """append the previous action to the observation (PreviousAction), as ppo_fsmn_cartpole.py --prev-action"""
 
 
 def recurrent_ppo(args: RecurrentPPOArgs) -> None:
-    envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=mask_velocity)
+    wrap = (lambda env: PreviousAction(mask_velocity(env))) if args.prev_action else mask_velocity
+    envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=wrap)
     envs = VecNormalize(envs)  # the zoo's `normalize: true`
     model = RecurrentPPO(
         "MlpLstmPolicy",

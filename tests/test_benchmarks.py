@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, import_script, run_script
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import peers  # noqa: E402
 import report  # noqa: E402
 
 
@@ -67,6 +68,24 @@ def test_report_writes_table_and_plot(tmp_path):
     )
     text = open(md).read()
     assert "Machine: a GPU machine." in text and '--threshold 15 --machine "a GPU machine"`.' in text
+
+
+def test_peer_previous_action_is_the_input_the_fsmn_script_builds():
+    """peers.PreviousAction gives RecurrentPPO what `ppo_fsmn_cartpole.py --prev-action` gives its network."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    fsmn = import_script("ppo_fsmn_cartpole")
+    agent = fsmn.Agent(2, 2, fsmn.Args(prev_action=True, norm_obs=False))
+    env = peers.PreviousAction(peers.mask_velocity(gym.make("CartPole-v1")))
+    obs, _ = env.reset(seed=0)
+    previous, start = 0, True
+    for action in [1, 1, 0, 1, 0, 0]:
+        expected = agent.observe(torch.as_tensor(obs[:2])[None], torch.tensor([previous]), torch.tensor([start]))[0]
+        assert env.observation_space.contains(obs) and np.array_equal(obs, expected.numpy()), (obs, expected)
+        obs, *_ = env.step(action)
+        previous, start = action, False
 
 
 @pytest.mark.smoke
