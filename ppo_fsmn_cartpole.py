@@ -126,7 +126,7 @@ class Args:
     """number of FSMN blocks in a trunk"""
     memory_order: int = 8
     """number of past hidden states each block remembers (0: the memoryless ablation)"""
-    prev_action: bool = False
+    prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     separate_trunks: bool = False
     """give the actor and the critic a trunk each (otherwise they share one)"""

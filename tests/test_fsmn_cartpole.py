@@ -34,7 +34,10 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 def random_agent(memory_order: int, num_blocks: int, separate_trunks: bool, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
     """An agent whose memory taps are random (they start at zero, which would hide a wrong tap)."""
     torch.manual_seed(seed)
-    args = p.Args(memory_order=memory_order, num_blocks=num_blocks, separate_trunks=separate_trunks, hidden_dim=16)
+    # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
+    args = p.Args(
+        memory_order=memory_order, num_blocks=num_blocks, separate_trunks=separate_trunks, hidden_dim=16, prev_action=False
+    )
     agent = p.Agent(obs_dim, 2, args)
     with torch.no_grad():
         for trunk in agent.trunks:
@@ -204,12 +207,12 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action):
 
 
 def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
-    agent = p.Agent(2, 3, p.Args(prev_action=True, norm_obs=False))
+    agent = p.Agent(2, 3, p.Args(norm_obs=False))
     obs, prev_action, starts = torch.randn(4, 2), torch.tensor([0, 2, 1, 2]), torch.tensor([False, False, True, False])
     expected = torch.cat([obs, torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 1]])], dim=-1)
     torch.testing.assert_close(agent.observe(obs, prev_action, starts), expected, rtol=0, atol=0)
     assert agent.trunks[0].embed.in_features == 5
-    torch.testing.assert_close(p.Agent(2, 3, p.Args(norm_obs=False)).observe(obs, prev_action, starts), obs)
+    torch.testing.assert_close(p.Agent(2, 3, p.Args(prev_action=False, norm_obs=False)).observe(obs, prev_action, starts), obs)
 
 
 def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
