@@ -11,7 +11,6 @@ trains the value network further. `--e-auxiliary 0` is the in-script ablation: P
     python ppg_lunarlander.py --env-id CartPole-v1 --gamma 0.99 --num-envs 8 --num-steps 128 --n-iteration 4 \
         --total-timesteps 150000                       # CartPole (the learning test's settings)
     python ppg_lunarlander.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
-
 Results: README.md and benchmarks/results/ppg_lunarlander.md."""
 
 import copy
@@ -278,33 +277,22 @@ class Agent(nn.Module):
         self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
         self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
 
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+    def get_value(self, x):
         return self.critic(x).squeeze(-1)
 
-    def get_action_and_value(
-        self, x: torch.Tensor, action: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get_action_and_value(self, x, action=None):
         logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
         if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
             return *sample_categorical(logits), None, value
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value
 
-    def get_pi_and_aux_value(self, x: torch.Tensor) -> tuple[Categorical, torch.Tensor]:
+    def get_pi_and_aux_value(self, x):
         hidden = self.actor_trunk(x)
         return Categorical(logits=self.actor(hidden), validate_args=False), self.aux_critic(hidden).squeeze(-1)
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    final_values: torch.Tensor,
-    next_value: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
     """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
     values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
     truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
@@ -329,11 +317,12 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-def minibatch_loss(
-    agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+
+
+def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool) -> tuple:
     """The PPO loss of a minibatch of samples, its policy part only in the first E_pi epochs, its value part in the first E_V.
-    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -368,9 +357,7 @@ def minibatch_loss(
     return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
 
 
-def auxiliary_loss(
-    agent: Agent, args: Args, mb_obs: torch.Tensor, mb_old_logits: torch.Tensor, mb_returns: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) -> tuple[torch.Tensor, torch.Tensor]:
     """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value head's error
     plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value network. Returns the loss
     and (KL, auxiliary value loss, value loss), without a host sync."""
@@ -434,9 +421,7 @@ def rng_states() -> dict:
     """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
     states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
 
 
 def set_rng_states(states: dict) -> None:
@@ -444,13 +429,10 @@ def set_rng_states(states: dict) -> None:
     kind, key, *rest = states["numpy"]
     np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -537,25 +519,19 @@ def main(args: Args) -> None:
         try:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
-            raise SystemExit(
-                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape (other flags?)") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
             set_rng_states(checkpoint["rng_states"])
         except (KeyError, TypeError, ValueError):
-            raise SystemExit(
-                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
         saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
         for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
             if saved[flag] != getattr(args, flag):
                 print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
-            raise SystemExit(
-                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
-            )
+            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -584,7 +560,6 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -678,9 +653,9 @@ def main(args: Args) -> None:
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = (obs, actions, logprobs, advantages, returns, values)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in (obs, actions, logprobs, advantages, returns, values)]
                     parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
-                    loss, mb_stats = minibatch_loss(agent, args, *(x.flatten(0, 1)[mb_inds] for x in minibatch), **parts)
+                    loss, mb_stats = minibatch_loss(agent, args, *minibatch, **parts)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -702,8 +677,7 @@ def main(args: Args) -> None:
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
-            if not (np.isfinite(loss) and weights_finite):
+            if not (np.isfinite(losses[5]) and weights_finite):
                 kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
@@ -713,13 +687,8 @@ def main(args: Args) -> None:
             explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            for name, value in zip(LOSS_NAMES + ("explained_variance",), losses + [explained_var]):
+                writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

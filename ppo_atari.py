@@ -1,15 +1,13 @@
 """PPO on Atari with the NatureCNN (CleanRL's `ppo_atari.py`), the whole preprocessing in ale-py's C++ vector env.
 
 Frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames, noop and FIRE resets and a termination at every
-life lost for training, all inside the emulator's threads; the script clips rewards for training and logs each whole
-game's raw score in `charts/episodic_return`, as CleanRL does. Frames stay uint8 in the rollout storage and are scaled
-inside the network.
+life lost for training, inside the emulator's threads. Rewards are clipped for training; `charts/episodic_return` logs
+each whole game's raw score, as CleanRL does.
 
     python ppo_atari.py --env-id PongNoFrameskip-v4              # CleanRL's defaults, 10M steps
     python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # on CPUs with bf16 instructions (avx512_bf16, AMX)
     python ppo_atari.py --cudagraphs                             # on a GPU
     python ppo_atari.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
-
 Results: README.md, benchmarks/results/atari_pong.md, benchmarks/results/atari_pong_gpu.md."""
 
 import copy
@@ -176,9 +174,7 @@ class Args:
                 raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
 
 
-def make_envs(
-    env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True
-) -> AtariVectorEnv:
+def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
     """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its classic
     defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset, as the
     classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the script clips them for training."""
@@ -198,22 +194,15 @@ def make_envs(
 def atari_settings(env_id: str) -> dict:
     """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one clear line
     for anything else. Frame skipping is always the vector env's 4, whatever the id's own frameskip."""
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
+    spec = gym.registry.get(env_id)
+    if spec is None or spec.entry_point != "ale_py.env:AtariEnv":
         raise SystemExit(
-            f"error: --env-id={env_id} is not a registered gymnasium id; list the Atari ones with "
+            f"error: --env-id={env_id} is not an Atari game (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py "
+            "small discrete ones); list the Atari ids with "
             "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
-        ) from None
-    if spec.entry_point != "ale_py.env:AtariEnv":
-        raise SystemExit(
-            f"error: --env-id={env_id} is not an Atari game; {SCRIPT}.py takes ids such as PongNoFrameskip-v4 or "
-            "ALE/Breakout-v5 (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py small discrete ones)"
         )
     if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
-        raise SystemExit(
-            f"error: --env-id={env_id} is a RAM or continuous-action variant; pick a pixel id with discrete actions"
-        )
+        raise SystemExit(f"error: --env-id={env_id} is a RAM or continuous-action variant; pick a pixel id (discrete actions)")
     return dict(
         game=spec.kwargs["game"],
         repeat_action_probability=spec.kwargs.get("repeat_action_probability", 0.25),
@@ -294,10 +283,10 @@ class Agent(nn.Module):
             hidden = self.network(x.div_(255.0))
             return self.actor(hidden).float(), self.critic(hidden).squeeze(-1).float()
 
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+    def get_value(self, x):
         return self(x)[1]
 
-    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def get_action_and_value(self, x, action=None):
         logits, value = self(x)
         probs = Categorical(logits=logits, validate_args=False)  # a check is a host sync, which a CUDA graph cannot hold
         if action is None:
@@ -305,16 +294,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), value
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    final_values: torch.Tensor,
-    next_value: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
     """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
     values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
     truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
@@ -331,9 +311,12 @@ def compute_gae(
     return advantages, advantages + values
 
 
+LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+
+
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The PPO loss of a minibatch of samples.
-    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -426,9 +409,7 @@ def rng_states() -> dict:
     """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
     states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
 
 
 def set_rng_states(states: dict) -> None:
@@ -436,13 +417,10 @@ def set_rng_states(states: dict) -> None:
     kind, key, *rest = states["numpy"]
     np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -529,25 +507,19 @@ def main(args: Args) -> None:
         try:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
-            raise SystemExit(
-                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape (other flags?)") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
             set_rng_states(checkpoint["rng_states"])
         except (KeyError, TypeError, ValueError):
-            raise SystemExit(
-                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
         saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
         for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
             if saved[flag] != getattr(args, flag):
                 print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
-            raise SystemExit(
-                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
-            )
+            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
@@ -597,7 +569,6 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -681,20 +652,18 @@ def main(args: Args) -> None:
                 )
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
-            b_obs, b_actions, b_logprobs = obs.flatten(0, 1), actions.flatten(), logprobs.flatten()  # b_obs (batch, 4, 84, 84)
-            b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
             b_inds = np.arange(args.batch_size)
             stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in (obs, actions, logprobs, advantages, returns, values)]
                     if args.cudagraphs:  # the five lines below, replayed as one captured graph at the annealed rate
                         lr.fill_(optimizer.param_groups[0]["lr"])
-                        stats.append(update(*(x[mb_inds] for x in minibatch)).clone())  # a replay overwrites its outputs
+                        stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
                         continue
-                    loss, mb_stats = loss_fn(agent, args, *(x[mb_inds] for x in minibatch))
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -707,8 +676,7 @@ def main(args: Args) -> None:
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
-            if not (np.isfinite(loss) and weights_finite):
+            if not (np.isfinite(losses[5]) and weights_finite):
                 kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
@@ -718,13 +686,8 @@ def main(args: Args) -> None:
             explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            for name, value in zip(LOSS_NAMES + ("explained_variance",), losses + [explained_var]):
+                writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

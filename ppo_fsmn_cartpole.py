@@ -1,15 +1,13 @@
 """PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
 
-Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of
-the last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory; training
-replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked, so every sample
-sees the context it acted with.
+Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of the
+last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory; training
+replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
-
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
 
 import copy
@@ -195,8 +193,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
 
 
 def check_env_args(env_id: str, mask_velocity: bool) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, a non-flat observation,
-    masking a non-CartPole."""
+    """One clear line for an env this script cannot run: unknown id, non-discrete actions, non-flat observations."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     env = gym.make(env_id)
@@ -330,22 +327,18 @@ class Agent(nn.Module):
         num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
         return torch.zeros(num_blocks, num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
 
-    def get_states(
-        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_states(self, x, memory, episode_starts):
         """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N, H); episode_starts: (B,) bool.
         Returns the features (K, B, H) of K = 1 or 2 trunks (the actor reads the first, the critic the last), next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         outputs = [trunk.step(x, m) for trunk, m in zip(self.trunks, memory.chunk(len(self.trunks)))]
         return torch.stack([h for h, _ in outputs]), torch.cat([m for _, m in outputs])
 
-    def get_value(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+    def get_value(self, x, memory, episode_starts):
         hidden, _ = self.get_states(x, memory, episode_starts)
         return self.critic(hidden[-1]).squeeze(-1)
 
-    def get_action_and_value(
-        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor, action: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get_action_and_value(self, x, memory, episode_starts, action=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
         logits, value = self.actor(hidden[0]), self.critic(hidden[-1]).squeeze(-1)
         if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
@@ -353,7 +346,7 @@ class Agent(nn.Module):
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value, memory
 
-    def get_states_sequence(self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+    def get_states_sequence(self, x, memory, episode_starts):
         """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N, H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (K, T, B, H), equal to running `get_states` T times."""
         # Episode ids: the N remembered steps are episode 0 and every start begins a new id; tap i of step t is used only
@@ -369,24 +362,13 @@ class Agent(nn.Module):
         memories = memory.chunk(len(self.trunks))
         return torch.stack([trunk.sequence(x, m, same_episode) for trunk, m in zip(self.trunks, memories)])
 
-    def get_action_and_value_sequence(
-        self, x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get_action_and_value_sequence(self, x, memory, episode_starts, action):
         hidden = self.get_states_sequence(x, memory, episode_starts)
         probs = Categorical(logits=self.actor(hidden[0]), validate_args=False)  # batch shape (T, B)
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden[-1]).squeeze(-1)
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    final_values: torch.Tensor,
-    next_value: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
     """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
     values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
     truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
@@ -411,9 +393,12 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
+LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+
+
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
-    Returns the loss and (v_loss, pg_loss, entropy, old_approx_kl, approx_kl, loss, clipfrac), without a host sync."""
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -471,9 +456,7 @@ def rng_states() -> dict:
     """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
     states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
 
 
 def set_rng_states(states: dict) -> None:
@@ -481,13 +464,10 @@ def set_rng_states(states: dict) -> None:
     kind, key, *rest = states["numpy"]
     np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args, run_name: str, agent: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, global_step: int
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -580,25 +560,19 @@ def main(args: Args) -> None:
         try:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
-            raise SystemExit(
-                f"error: --resume={args.resume} holds a network of another shape; pass the run's own flags"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape (other flags?)") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
             set_rng_states(checkpoint["rng_states"])
         except (KeyError, TypeError, ValueError):
-            raise SystemExit(
-                f"error: --resume={args.resume} lacks a usable optimizer, step or RNG state (an earlier version's checkpoint?)"
-            ) from None
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
         saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
         for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
             if saved[flag] != getattr(args, flag):
                 print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
         if start_iteration > args.num_iterations:
-            raise SystemExit(
-                f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step} steps to resume"
-            )
+            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
@@ -631,7 +605,6 @@ def main(args: Args) -> None:
             sync_tensorboard=True,
             config=vars(args),
             name=run_name,
-            monitor_gym=False,
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
@@ -736,8 +709,7 @@ def main(args: Args) -> None:
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
             *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac = losses
-            if not (np.isfinite(loss) and weights_finite):
+            if not (np.isfinite(losses[5]) and weights_finite):
                 kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
@@ -747,13 +719,8 @@ def main(args: Args) -> None:
             explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            for name, value in zip(LOSS_NAMES + ("explained_variance",), losses + [explained_var]):
+                writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
                 progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)

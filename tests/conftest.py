@@ -14,7 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# CleanRL's metric names, written by every script once per iteration (episode charts once an episode ends)
+# CleanRL's metric names and the total loss, written once per iteration (episode charts once an episode ends)
 ITERATION_TAGS = {
     "charts/SPS",
     "charts/learning_rate",
@@ -23,6 +23,7 @@ ITERATION_TAGS = {
     "losses/entropy",
     "losses/old_approx_kl",
     "losses/approx_kl",
+    "losses/loss",
     "losses/clipfrac",
     "losses/explained_variance",
 }
