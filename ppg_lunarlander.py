@@ -676,8 +676,9 @@ def main(args: Args) -> None:
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *losses, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            if not (np.isfinite(losses[5]) and weights_finite):
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
                 kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
@@ -687,7 +688,7 @@ def main(args: Args) -> None:
             explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in zip(LOSS_NAMES + ("explained_variance",), losses + [explained_var]):
+            for name, value in {**losses, "explained_variance": explained_var}.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if recent_returns:
