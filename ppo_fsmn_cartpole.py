@@ -122,7 +122,7 @@ class Args:
     """width of every FSMN block"""
     num_blocks: int = 2
     """number of FSMN blocks in a trunk"""
-    memory_order: int = 8
+    memory_order: int = 4
     """number of past hidden states each block remembers (0: the memoryless ablation)"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""

@@ -12,7 +12,7 @@ event files come back in its result. A run already complete (its marker in
 <out>/done/) is skipped unless --rerun, so an interrupted sweep resumes where it stopped.
 
 Presets (each writes its report to benchmarks/results/<name>.md, which gives the runs' wall times):
-  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 8 and 0), plus sb3-contrib RecurrentPPO on
+  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0), plus sb3-contrib RecurrentPPO on
                        the masked task, with and without the previous action as input, 5 seeds each, 150k steps.
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
                        bf16 instructions: emulated, it is far slower); `--configs atari_fp32` for one of them.
@@ -69,8 +69,8 @@ LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01", 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
         configs=[
-            Config("fsmn_m8", ["ppo_fsmn_cartpole.py", "--memory-order", "8"]),
-            Config("fsmn_novel_m8", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "8"]),
+            Config("fsmn_m4", ["ppo_fsmn_cartpole.py", "--memory-order", "4"]),
+            Config("fsmn_novel_m4", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4"]),
             Config("fsmn_novel_m0", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "0"]),
             Config("sb3_recurrent_ppo_novel", ["benchmarks/peers.py", "recurrent-ppo"]),
             Config("sb3_recurrent_ppo_novel_prev_action", ["benchmarks/peers.py", "recurrent-ppo", "--prev-action"]),

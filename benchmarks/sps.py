@@ -39,12 +39,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIRS = {
     "fsmn-cartpole": dict(
         script=["ppo_fsmn_cartpole.py", "--num-envs", "4", "--num-steps", "128", "--num-minibatches", "4"]
-        + ["--update-epochs", "4", "--no-progress"],
+        + ["--update-epochs", "4", "--memory-order", "4", "--no-progress"],
         variants={"eager": [], "--compile": ["--compile"]},
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "128"]
         + ["--batch-size", "128", "--epochs", "4"],
         total_timesteps=40_960,
-        description="ppo_fsmn_cartpole.py (memory 8, 2 blocks of 64) vs SB3 PPO MlpPolicy (2x64), CartPole-v1, "
+        description="ppo_fsmn_cartpole.py (memory 4, 2 blocks of 64) vs SB3 PPO MlpPolicy (2x64), CartPole-v1, "
         "4 envs x 128 steps, 4 epochs, minibatch 128",
     ),
     "continuous-halfcheetah": dict(
