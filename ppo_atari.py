@@ -19,10 +19,6 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-# OpenMP threads waiting for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux, spins 30 times longer by
-# default), so runs side by side share the cores; read once, when torch loads (benchmarks/results/side_by_side.md)
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 
 def interrupted(signum, frame):
     """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
@@ -129,7 +125,7 @@ class Args:
     env_threads: int = 0
     """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
     threads: int = 0
-    """CPU threads of torch (0: torch's default, one per core or OMP_NUM_THREADS)"""
+    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -146,7 +142,7 @@ class Args:
         # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
-            ("threads", self.threads >= 0, "at least 0 (0: torch's default)"),
+            ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
             ("save_interval", self.save_interval >= 1, "at least 1"),
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
@@ -380,6 +376,23 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
     return replay
 
 
+# TRY NOT TO MODIFY: torch threads
+def free_cores(last: list[float]) -> int:
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
+    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count()))}
+    try:
+        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+            rows = [line.split() for line in f]
+    except OSError:
+        return len(cpus)
+    busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
+    now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
+    others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
+    last[:] = now, busy, own
+    return max(1, round(len(cpus) - others))
+
+
 # TRY NOT TO MODIFY: checkpoint helpers
 def save_checkpoint(path: str, checkpoint: dict) -> None:
     """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
@@ -468,8 +481,8 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
 
 
 def main(args: Args) -> None:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    most_threads, cpu_reading = torch.get_num_threads(), []  # torch's default: a thread per core, or OMP_NUM_THREADS
+    torch.set_num_threads(args.threads or min(most_threads, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
@@ -595,6 +608,8 @@ def main(args: Args) -> None:
 
     try:
         for iteration in progress:
+            if not args.threads:  # as many as the cores other processes leave free, so runs side by side share them
+                torch.set_num_threads(min(most_threads, free_cores(cpu_reading)))
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
