@@ -133,7 +133,7 @@ class Args:
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
     """width of the two tanh layers of the policy network and of the value network"""
-    threads: int = 1
+    threads: int = 0
     """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
@@ -392,12 +392,12 @@ def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) 
 def free_cores(last: list[float]) -> int:
     """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
     (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
-    cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count()))}
     try:
+        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
             rows = [line.split() for line in f]
-    except OSError:
-        return len(cpus)
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
     busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
     now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
     others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
@@ -474,7 +474,6 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
     """Play `episodes` whole episodes with a saved policy and return their returns."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
-    agent.eval()
     env = make_env(saved_args.env_id, 0, False, "")()
     returns = []
     for episode in range(episodes):
@@ -576,10 +575,7 @@ def main(args: Args) -> None:
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     print(f"logging to runs/{run_name}")
 
     # TRY NOT TO MODIFY: start the game
@@ -698,9 +694,8 @@ def main(args: Args) -> None:
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
-            y_pred, y_true = values.flatten(), returns.flatten()
-            var_y = torch.var(y_true)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             for name, value in {**losses, "explained_variance": explained_var}.items():
@@ -722,16 +717,12 @@ def main(args: Args) -> None:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
             save_checkpoint(checkpoint_path, last_good)
-            print(
-                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
-            )
+            print(f"checkpoint saved: {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})")
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
         writer.close()
         envs.close()
         if args.track:
-            import wandb
-
             for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
                 wandb.log({"videos": wandb.Video(video)})
             wandb.finish()

@@ -386,12 +386,12 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 def free_cores(last: list[float]) -> int:
     """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
     (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
-    cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count()))}
     try:
+        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
             rows = [line.split() for line in f]
-    except OSError:
-        return len(cpus)
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
     busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
     now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
     others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
@@ -578,10 +578,7 @@ def main(args: Args) -> None:
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     print(f"logging to runs/{run_name}")
 
     # TRY NOT TO MODIFY: start the game
@@ -608,7 +605,7 @@ def main(args: Args) -> None:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            # ALGO LOGIC: rollout; the buffer keeps the pre-squash sample u, the env gets its squash
+            # ALGO LOGIC: rollout
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -616,7 +613,7 @@ def main(args: Args) -> None:
                 global_step += args.num_envs
                 obs[step] = next_obs
 
-                with torch.inference_mode():  # the observation statistics stay frozen for the whole rollout
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
                     action, logprob, _, value = get_action_and_value(agent.obs_norm(next_obs))
                     env_action = squash_action(action, agent.action_low, agent.action_high)
                 values[step] = value
@@ -693,9 +690,8 @@ def main(args: Args) -> None:
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
-            y_pred, y_true = values.flatten(), returns.flatten()
-            var_y = torch.var(y_true)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             for name, value in {**losses, "explained_variance": explained_var}.items():
@@ -727,16 +723,12 @@ def main(args: Args) -> None:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
             save_checkpoint(checkpoint_path, last_good)
-            print(
-                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
-            )
+            print(f"checkpoint saved: {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})")
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
         writer.close()
         envs.close()
         if args.track:
-            import wandb
-
             for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
                 wandb.log({"videos": wandb.Video(video)})
             wandb.finish()

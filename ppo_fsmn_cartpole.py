@@ -113,17 +113,15 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
 
-    # ALGO LOGIC: network and memory arguments
+    # ALGO LOGIC: network arguments
     hidden_dim: int = 64
     """width of every FSMN block"""
     num_blocks: int = 2
-    """number of FSMN blocks in a trunk"""
+    """number of FSMN blocks"""
     memory_order: int = 4
     """number of past hidden states each block remembers (0: the memoryless ablation)"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
-    separate_trunks: bool = False
-    """give the actor and the critic a trunk each (otherwise they share one)"""
     norm_obs: bool = True
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
     compile: bool = False
@@ -270,42 +268,16 @@ class FSMNBlock(nn.Module):
         return self.norm(x + self.proj_out(m))
 
 
-class FSMNTrunk(nn.Module):
-    """An observation embedding followed by `num_blocks` FSMN blocks (skip connections between blocks)."""
-
-    def __init__(self, obs_dim: int, hidden_dim: int, num_blocks: int, memory_order: int):
-        super().__init__()
-        self.embed = layer_init(nn.Linear(obs_dim, hidden_dim))
-        self.blocks = nn.ModuleList(FSMNBlock(hidden_dim, memory_order) for _ in range(num_blocks))
-
-    def step(self, obs: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs: (B, obs_dim); memory: (num_blocks, B, N, H) -> features (B, H), new memory."""
-        x, new_memory = torch.tanh(self.embed(obs)), []
-        for block, block_memory in zip(self.blocks, memory):
-            x, block_memory = block.step(x, block_memory)
-            new_memory.append(block_memory)
-        return x, torch.stack(new_memory)
-
-    def sequence(self, obs: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """obs: (T, B, obs_dim); memory: (num_blocks, B, N, H) -> features (T, B, H)."""
-        x = torch.tanh(self.embed(obs))
-        for block, block_memory in zip(self.blocks, memory):
-            x = block.sequence(x, block_memory, same_episode)
-        return x
-
-
 class Agent(nn.Module):
-    """One FSMN trunk shared by a policy head (std 0.01) and a value head (std 1), or one trunk each (--separate-trunks).
-    Its memory is every block's last N hidden states, (L, B, N, H) for L blocks in all trunks."""
+    """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value head (std 1).
+    Its memory is every block's last N hidden states, (L, B, N, H) for L blocks."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
         self.prev_action = args.prev_action
-        self.trunks = nn.ModuleList(
-            FSMNTrunk(obs_dim + n_actions * args.prev_action, args.hidden_dim, args.num_blocks, args.memory_order)
-            for _ in range(2 if args.separate_trunks else 1)
-        )
+        self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
+        self.blocks = nn.ModuleList(FSMNBlock(args.hidden_dim, args.memory_order) for _ in range(args.num_blocks))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
@@ -320,23 +292,25 @@ class Agent(nn.Module):
         return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
-        num_blocks = len(self.trunks) * len(self.trunks[0].blocks)
-        return torch.zeros(num_blocks, num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
+        return torch.zeros(len(self.blocks), num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
 
     def get_states(self, x, memory, episode_starts):
         """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N, H); episode_starts: (B,) bool.
-        Returns the features (K, B, H) of K = 1 or 2 trunks (the actor reads the first, the critic the last), next memory."""
+        Returns the features (B, H) and the next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
-        outputs = [trunk.step(x, m) for trunk, m in zip(self.trunks, memory.chunk(len(self.trunks)))]
-        return torch.stack([h for h, _ in outputs]), torch.cat([m for _, m in outputs])
+        x, new_memory = torch.tanh(self.embed(x)), []
+        for block, block_memory in zip(self.blocks, memory):
+            x, block_memory = block.step(x, block_memory)
+            new_memory.append(block_memory)
+        return x, torch.stack(new_memory)
 
     def get_value(self, x, memory, episode_starts):
         hidden, _ = self.get_states(x, memory, episode_starts)
-        return self.critic(hidden[-1]).squeeze(-1)
+        return self.critic(hidden).squeeze(-1)
 
     def get_action_and_value(self, x, memory, episode_starts, action=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
-        logits, value = self.actor(hidden[0]), self.critic(hidden[-1]).squeeze(-1)
+        logits, value = self.actor(hidden), self.critic(hidden).squeeze(-1)
         if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
             return *sample_categorical(logits), None, value, memory
         probs = Categorical(logits=logits, validate_args=False)
@@ -344,7 +318,7 @@ class Agent(nn.Module):
 
     def get_states_sequence(self, x, memory, episode_starts):
         """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N, H) from the rollout's start;
-        episode_starts: (T, B) bool. Returns the features (K, T, B, H), equal to running `get_states` T times."""
+        episode_starts: (T, B) bool. Returns the features (T, B, H), equal to running `get_states` T times."""
         # Episode ids: the N remembered steps are episode 0 and every start begins a new id; tap i of step t is used only
         # if step t-i has step t's id. N=3, T=5, an episode starts at t=2:
         #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
@@ -355,13 +329,15 @@ class Agent(nn.Module):
         ids = torch.cat([ids.new_zeros(n, ids.shape[1]), ids])  # (N+T, B)
         windows = ids.unfold(0, n + 1, 1)  # (T, B, N+1): ids of steps t-N .. t
         same_episode = (windows == ids[n:].unsqueeze(-1)).unsqueeze(2).float()  # (T, B, 1, N+1)
-        memories = memory.chunk(len(self.trunks))
-        return torch.stack([trunk.sequence(x, m, same_episode) for trunk, m in zip(self.trunks, memories)])
+        x = torch.tanh(self.embed(x))
+        for block, block_memory in zip(self.blocks, memory):
+            x = block.sequence(x, block_memory, same_episode)
+        return x
 
     def get_action_and_value_sequence(self, x, memory, episode_starts, action):
         hidden = self.get_states_sequence(x, memory, episode_starts)
-        probs = Categorical(logits=self.actor(hidden[0]), validate_args=False)  # batch shape (T, B)
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden[-1]).squeeze(-1)
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # batch shape (T, B)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
 
 
 def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
@@ -427,12 +403,12 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 def free_cores(last: list[float]) -> int:
     """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
     (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
-    cpus = {f"cpu{i}" for i in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count()))}
     try:
+        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
             rows = [line.split() for line in f]
-    except OSError:
-        return len(cpus)
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
     busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
     now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
     others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
@@ -509,7 +485,6 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
     """Play `episodes` whole episodes with a saved policy (and its memory) and return their returns."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
-    agent.eval()
     env = make_env(saved_args.env_id, 0, False, "", saved_args.mask_velocity)()
     returns = []
     for episode in range(episodes):
@@ -519,7 +494,7 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
         while not done:
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
             hidden, memory = agent.get_states(agent.observe(obs_t, action, start), memory, start)  # frozen statistics
-            logits = agent.actor(hidden[0])
+            logits = agent.actor(hidden)
             action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
             start[:] = False
@@ -621,10 +596,7 @@ def main(args: Args) -> None:
             save_code=True,
         )
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     print(f"logging to runs/{run_name}")
 
     # TRY NOT TO MODIFY: start the game
@@ -651,7 +623,7 @@ def main(args: Args) -> None:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            # ALGO LOGIC: rollout, the FSMN run step by step with its per-env memory
+            # ALGO LOGIC: rollout
             initial_memory = memory.clone()  # (L, num_envs, N, H): training replays every sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
@@ -730,9 +702,8 @@ def main(args: Args) -> None:
                 raise SystemExit(
                     f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
                 )
-            y_pred, y_true = values.flatten(), returns.flatten()
-            var_y = torch.var(y_true)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(y_true - y_pred) / var_y).item()
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
             sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
             for name, value in {**losses, "explained_variance": explained_var}.items():
@@ -754,16 +725,12 @@ def main(args: Args) -> None:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
         if last_good is not None:
             save_checkpoint(checkpoint_path, last_good)
-            print(
-                f"checkpoint saved to {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})"
-            )
+            print(f"checkpoint saved: {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})")
         signal.signal(signal.SIGINT, previous_handler)
         progress.close()
         writer.close()
         envs.close()
         if args.track:
-            import wandb
-
             for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
                 wandb.log({"videos": wandb.Video(video)})
             wandb.finish()

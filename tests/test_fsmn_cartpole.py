@@ -31,18 +31,15 @@ p = import_script("ppo_fsmn_cartpole")
 TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
 
 
-def random_agent(memory_order: int, num_blocks: int, separate_trunks: bool, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
+def random_agent(memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
     """An agent whose memory taps are random (they start at zero, which would hide a wrong tap)."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
-    args = p.Args(
-        memory_order=memory_order, num_blocks=num_blocks, separate_trunks=separate_trunks, hidden_dim=16, prev_action=False
-    )
+    args = p.Args(memory_order=memory_order, num_blocks=num_blocks, hidden_dim=16, prev_action=False)
     agent = p.Agent(obs_dim, 2, args)
     with torch.no_grad():
-        for trunk in agent.trunks:
-            for block in trunk.blocks:
-                block.taps.normal_(0.0, 0.5)
+        for block in agent.blocks:
+            block.taps.normal_(0.0, 0.5)
     return agent
 
 
@@ -51,8 +48,8 @@ def run_steps(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.Tens
     logits, values, memories = [], [], [memory]
     for t in range(obs.shape[0]):
         hidden, memory = agent.get_states(obs[t], memory, starts[t])
-        logits.append(agent.actor(hidden[0]))
-        values.append(agent.critic(hidden[-1]).squeeze(-1))
+        logits.append(agent.actor(hidden))
+        values.append(agent.critic(hidden).squeeze(-1))
         memories.append(memory)
     return torch.stack(logits), torch.stack(values), memories
 
@@ -60,7 +57,7 @@ def run_steps(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.Tens
 def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.Tensor):
     """Training's way: the whole sequence in one pass from the memory at its start. Returns logits and values."""
     hidden = agent.get_states_sequence(obs, memory, starts)
-    return agent.actor(hidden[0]), agent.critic(hidden[-1]).squeeze(-1)
+    return agent.actor(hidden), agent.critic(hidden).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -70,12 +67,11 @@ def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.T
 @pytest.mark.parametrize("memory_order", [0, 1, 4, 8])
 @pytest.mark.parametrize("num_blocks", [1, 3])
 @pytest.mark.parametrize("lengths", [(1, 1), (5, 12), (20, 20)])
-@pytest.mark.parametrize("separate_trunks", [False, True])
 @pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
-def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths, separate_trunks, reset_prob):
+def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths, reset_prob):
     """Two consecutive rollouts run step by step equal the training pass over each, started from the memory
     the rollout saved at its start (so the test crosses the boundary between two rollouts)."""
-    agent = random_agent(memory_order, num_blocks, separate_trunks)
+    agent = random_agent(memory_order, num_blocks)
     t1, t2 = lengths
     num_envs = 5
     generator = torch.Generator().manual_seed(memory_order * 100 + num_blocks * 10 + t1)
@@ -128,7 +124,7 @@ def test_block_matches_the_formula(memory_order):
 
 def test_memory_reaches_exactly_memory_order_steps_back():
     """With one block, an observation k steps back changes the output iff k <= memory_order."""
-    agent = random_agent(memory_order=3, num_blocks=1, separate_trunks=False)
+    agent = random_agent(memory_order=3, num_blocks=1)
     obs = torch.randn(10, 1, 3)
     starts = torch.zeros(10, 1, dtype=torch.bool)
     starts[0] = True
@@ -146,7 +142,7 @@ def test_memory_reaches_exactly_memory_order_steps_back():
 def test_nothing_crosses_an_episode_start(memory_order):
     """Changing the observations of a finished episode changes nothing from the next episode's first step on,
     in the rollout (cached steps) and in training (one pass), while it does change the finished episode."""
-    agent = random_agent(memory_order, num_blocks=2, separate_trunks=True)
+    agent = random_agent(memory_order, num_blocks=2)
     obs = torch.randn(24, 2, 3)
     starts = torch.zeros(24, 2, dtype=torch.bool)
     starts[0] = True
@@ -211,7 +207,7 @@ def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
     obs, prev_action, starts = torch.randn(4, 2), torch.tensor([0, 2, 1, 2]), torch.tensor([False, False, True, False])
     expected = torch.cat([obs, torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 1]])], dim=-1)
     torch.testing.assert_close(agent.observe(obs, prev_action, starts), expected, rtol=0, atol=0)
-    assert agent.trunks[0].embed.in_features == 5
+    assert agent.embed.in_features == 5
     torch.testing.assert_close(p.Agent(2, 3, p.Args(prev_action=False, norm_obs=False)).observe(obs, prev_action, starts), obs)
 
 
@@ -219,7 +215,7 @@ def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, 
     """--compile: the compiled step and one-pass sequence equal the eager ones (1e-5) on random memory taps, episode
     starts and a memory carried from an earlier rollout; and a compiled run replays its rollout (KL 0 at a learning
     rate of 0), so the compiled step and the compiled sequence agree with each other."""
-    agent = random_agent(memory_order=4, num_blocks=2, separate_trunks=False)
+    agent = random_agent(memory_order=4, num_blocks=2)
     obs, starts, memory = torch.randn(12, 3, 3), torch.rand(12, 3) < 0.2, torch.randn(2, 3, 4, 16)
     compiled_agent = SimpleNamespace(
         get_states=torch.compile(agent.get_states),
@@ -239,7 +235,7 @@ def test_step_and_sequence_give_the_same_log_probabilities_and_entropies():
     """The rollout's get_action_and_value (a Gumbel-max sample and its log-probability, no entropy), the same call given
     those actions, and the loss's get_action_and_value_sequence score the actions alike, and agree with softmax
     probabilities computed by hand."""
-    agent = random_agent(memory_order=3, num_blocks=2, separate_trunks=True)
+    agent = random_agent(memory_order=3, num_blocks=2)
     obs, starts = torch.randn(9, 4, 3), torch.rand(9, 4) < 0.2
     starts[0] = True
     with torch.no_grad():
