@@ -604,7 +604,7 @@ def main(args: Args) -> None:
 
     try:
         for iteration in progress:
-            if not args.threads:  # as many as the cores other processes leave free, so runs side by side share them
+            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
                 torch.set_num_threads(min(most_threads, free_cores(cpu_reading)))
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
