@@ -453,7 +453,10 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
     envs.close()
-    agent.load_state_dict(checkpoint["model"])
+    try:
+        agent.load_state_dict(checkpoint["model"])
+    except RuntimeError:
+        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
     return agent, args
 
 

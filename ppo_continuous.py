@@ -460,7 +460,10 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     env = make_env(args.env_id, 0, False, "")()
     agent = Agent(env.observation_space.shape[0], env.action_space, args).to(device)
     env.close()
-    agent.load_state_dict(checkpoint["model"])
+    try:
+        agent.load_state_dict(checkpoint["model"])
+    except RuntimeError:
+        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
     return agent, args
 
 

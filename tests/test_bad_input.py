@@ -83,6 +83,10 @@ def test_refused_resume_writes_nothing_and_other_flags_are_named(tmp_path, name)
     result = run_script(f"{name}.py", *tiny, "--total-timesteps", "512", "--resume", old, cwd=cwd)
     assert_one_line_error(result, f"--resume={old}", "RNG state")
     assert sorted(os.listdir(run_dir)) == before and run_dirs(cwd) == [run_dir]
+    # evaluation of a checkpoint whose weights another version named otherwise: one line, not a traceback
+    checkpoint = torch.load(path, weights_only=True)
+    torch.save({**checkpoint, "model": {f"old.{k}": v for k, v in checkpoint["model"].items()}}, old)
+    assert_one_line_error(run_script(f"{name}.py", "--eval-checkpoint", old, cwd=cwd), "--eval-checkpoint", "another shape")
 
     # other flags that keep the shapes: the run goes on and names each flag that differs
     result = run_script(
