@@ -42,6 +42,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppg_lunarlander"
+TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Args:
     hidden_dim: int = 64
     """width of the two tanh layers of the policy network and of the value network"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration)"""
+    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -494,8 +495,8 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
 
 
 def main(args: Args) -> None:
-    most_threads, cpu_reading = torch.get_num_threads(), []  # torch's default: a thread per core, or OMP_NUM_THREADS
-    torch.set_num_threads(args.threads or min(most_threads, free_cores(cpu_reading)))
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
@@ -599,7 +600,7 @@ def main(args: Args) -> None:
     try:
         for iteration in progress:
             if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(most_threads, free_cores(cpu_reading)))
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations

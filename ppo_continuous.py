@@ -43,6 +43,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppo_continuous"
+TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
 
 
 @dataclass
@@ -141,7 +142,7 @@ class Args:
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration)"""
+    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -495,8 +496,8 @@ def play(agent: Agent, env_id: str, episodes: int, deterministic: bool, device: 
 
 
 def main(args: Args) -> None:
-    most_threads, cpu_reading = torch.get_num_threads(), []  # torch's default: a thread per core, or OMP_NUM_THREADS
-    torch.set_num_threads(args.threads or min(most_threads, free_cores(cpu_reading)))
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
@@ -602,7 +603,7 @@ def main(args: Args) -> None:
     try:
         for iteration in progress:
             if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(most_threads, free_cores(cpu_reading)))
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
             # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations

@@ -149,7 +149,8 @@ def assert_same_seed_same_losses(script, **args) -> None:
 
     def losses_of_run(seed: int, name: str) -> list[float]:
         total_timesteps = 3 * args["num_envs"] * args["num_steps"]
-        run_args = script.Args(**args, seed=seed, total_timesteps=total_timesteps, progress=False)
+        # one thread: the free cores (--threads 0) can differ between the runs, and with them the summation order
+        run_args = script.Args(**args, seed=seed, total_timesteps=total_timesteps, progress=False, threads=1)
         run_args.exp_name = name
         script.main(run_args)
         (run_dir,) = glob.glob(f"runs/*__{name}__*")

@@ -481,7 +481,7 @@ def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_t
     evaluating best.pt as the evaluation mode does gives exactly its logged return (here sampling actions: evaluation
     draws from its own seeded generator); training is the same as without evaluation; after --resume the best so far
     still counts (a best.pt no evaluation can beat stays)."""
-    args = dict(num_envs=2, num_steps=100, num_minibatches=2, eval_episodes=2, progress=False, cuda=False)
+    args = dict(num_envs=2, num_steps=100, num_minibatches=2, eval_episodes=2, progress=False, cuda=False, threads=1)
     p.main(p.Args(**args, total_timesteps=1600, eval_interval=2, eval_deterministic=False, save_model=True))
     (run_dir,) = run_dirs(".")  # 8 iterations of 200 steps, evaluated at 2, 4, 6 and 8
     logged = read_scalars(run_dir)["charts/eval_return"]
