@@ -259,13 +259,15 @@ class FSMNBlock(nn.Module):
         return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N}
 
     def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """x: (T, B, H); memory: (B, N, H) at the sequence start; same_episode: (T, B, 1, N+1), see the Agent."""
+        """x: (T, B, H); memory: (B, N, H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent."""
         # h (T, B, H) is read back from the history: concatenated as a tensor of its own and then used again, it is
         # miscompiled by torch 2.13's inductor under no_grad (tested against eager)
         history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
         h = history[self.memory_order :]  # h_t = tanh(W_in x_t)
-        windows = history.unfold(0, self.memory_order + 1, 1)  # (T, B, H, N+1): windows[t, ..., k] = h_{t-N+k}
-        m = h + (windows * same_episode * self.taps.flip(0).T).sum(-1)  # (T, B, H), taps reversed to match k
+        # windows[k, t] = h_{t-N+k}, (N+1, T, B, H): stacked, not unfold's view (T, B, H, N+1), whose products and sum over
+        # a last dimension of N+1 are slow on the CPU (benchmarks/results/fsmn_cartpole.md)
+        windows = torch.stack([history[k : k + len(x)] for k in range(self.memory_order + 1)])
+        m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
         return self.norm(x + self.proj_out(m))
 
 
@@ -329,7 +331,7 @@ class Agent(nn.Module):
         ids = torch.cumsum(episode_starts.long(), dim=0)  # (T, B)
         ids = torch.cat([ids.new_zeros(n, ids.shape[1]), ids])  # (N+T, B)
         windows = ids.unfold(0, n + 1, 1)  # (T, B, N+1): ids of steps t-N .. t
-        same_episode = (windows == ids[n:].unsqueeze(-1)).unsqueeze(2).float()  # (T, B, 1, N+1)
+        same_episode = (windows == ids[n:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()  # (N+1, T, B, 1)
         x = torch.tanh(self.embed(x))
         for block, block_memory in zip(self.blocks, memory):
             x = block.sequence(x, block_memory, same_episode)

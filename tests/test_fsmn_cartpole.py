@@ -117,7 +117,7 @@ def test_block_matches_the_formula(memory_order):
         expected = torch.stack(reference_block(block, xs, starts))
         ids = torch.cumsum(torch.tensor(starts).long(), 0).unsqueeze(1)  # (T, 1)
         ids = torch.cat([torch.zeros(memory_order, 1, dtype=torch.long), ids])
-        same = (ids.unfold(0, memory_order + 1, 1) == ids[memory_order:].unsqueeze(-1)).unsqueeze(2).float()
+        same = (ids.unfold(0, memory_order + 1, 1) == ids[memory_order:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()
         got = block.sequence(torch.stack(xs).unsqueeze(1), torch.zeros(1, memory_order, 8), same).squeeze(1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
