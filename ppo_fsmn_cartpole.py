@@ -264,9 +264,8 @@ class FSMNBlock(nn.Module):
         # miscompiled by torch 2.13's inductor under no_grad (tested against eager)
         history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
         h = history[self.memory_order :]  # h_t = tanh(W_in x_t)
-        # windows[k, t] = h_{t-N+k}, (N+1, T, B, H): stacked, not unfold's view (T, B, H, N+1), whose products and sum over
-        # a last dimension of N+1 are slower on the CPU (benchmarks/results/fsmn_cartpole.md)
-        windows = torch.stack([history[k : k + len(x)] for k in range(self.memory_order + 1)])
+        # stacked lag first, as unfold's view (T, B, H, N+1) is slower on the CPU (benchmarks/results/fsmn_cartpole.md)
+        windows = torch.stack([history[k : k + len(x)] for k in range(self.memory_order + 1)])  # (N+1, T, B, H): h_{t-N+k}
         m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
         return self.norm(x + self.proj_out(m))
 
