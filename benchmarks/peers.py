@@ -8,6 +8,8 @@ Runs are written to runs/{env_id}__{exp_name}__{seed}__{time}, as the scripts do
 `charts/episodic_length` and `charts/SPS`, so benchmarks/report.py and benchmarks/sps.py read both alike.
 """
 
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -24,15 +26,24 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 from torch.utils.tensorboard import SummaryWriter
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ppo_fsmn_cartpole import TORCH_THREADS, free_cores  # noqa: E402  (the scripts' shared thread block)
+
 gym.register_envs(ale_py)  # the Atari ids for make_atari_env
 
 
 class CleanRLTags(BaseCallback):
-    """Writes CleanRL's tags from SB3's Monitor infos: a return per finished episode, SPS per rollout."""
+    """Writes CleanRL's tags from SB3's Monitor infos: a return per finished episode, SPS per rollout. Before each
+    rollout it gives torch the cores other processes leave free, as the scripts' `--threads 0` does every iteration,
+    so that a peer and a script compared on a busy machine get the same thread policy."""
 
     def __init__(self, writer: SummaryWriter):
         super().__init__()
-        self.writer, self.start = writer, time.time()
+        self.writer, self.start, self.cpu_reading = writer, time.time(), []
+        torch.set_num_threads(min(TORCH_THREADS, free_cores(self.cpu_reading)))
+
+    def _on_rollout_start(self) -> None:
+        torch.set_num_threads(min(TORCH_THREADS, free_cores(self.cpu_reading)))
 
     def _on_step(self) -> bool:
         for info in self.locals["infos"]:
@@ -43,6 +54,13 @@ class CleanRLTags(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         self.writer.add_scalar("charts/SPS", int(self.num_timesteps / (time.time() - self.start)), self.num_timesteps)
+
+
+def open_writer(env_id: str, exp_name: str, seed: int) -> SummaryWriter:
+    """The TensorBoard writer of a run, named as the scripts name theirs; says where, as they do."""
+    run_name = f"{env_id}__{exp_name}__{seed}__{int(time.time())}"
+    print(f"logging to runs/{run_name}", flush=True)
+    return SummaryWriter(f"runs/{run_name}")
 
 
 def mask_velocity(env: gym.Env) -> gym.Env:
@@ -112,7 +130,7 @@ def recurrent_ppo(args: RecurrentPPOArgs) -> None:
         seed=args.seed,
         device="cpu",
     )
-    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    writer = open_writer(args.env_id, args.exp_name, args.seed)
     model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
     writer.close()
 
@@ -154,7 +172,7 @@ def sb3_ppo(args: PPOArgs) -> None:
         seed=args.seed,
         device="cpu",
     )
-    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    writer = open_writer(args.env_id, args.exp_name, args.seed)
     model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
     writer.close()
     if args.eval_episodes:
@@ -199,7 +217,7 @@ def sb3_ppo_atari(args: PPOAtariArgs) -> None:
         seed=args.seed,
         device=args.device,
     )
-    writer = SummaryWriter(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    writer = open_writer(args.env_id, args.exp_name, args.seed)
     model.learn(total_timesteps=args.total_timesteps, callback=CleanRLTags(writer))
     writer.close()
 

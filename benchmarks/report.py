@@ -1,11 +1,14 @@
 """Read the TensorBoard event files of a set of runs and write a Markdown table and a PNG of the learning curves.
 
-    python benchmarks/report.py benchmarks/runs/fsmn-cartpole --name fsmn_cartpole --threshold 475
+    python benchmarks/report.py benchmark_runs/fsmn-cartpole/runs --name fsmn_cartpole --threshold 475
 
 Runs are grouped into configs by their directory name, `{env_id}__{exp_name}__{seed}__{time}` (the config is
-`env_id__exp_name`). Per config, over seeds: the first step at which the mean of the last 20 episode returns
-reaches the threshold, the wall time to get there, the final return (mean of the last 20 episodes), steps per
-second and wall time, each as the median with min and max. Writes benchmarks/results/<name>.md and <name>.png.
+`env_id__exp_name`). Per config, over seeds: with --threshold, the first step at which the mean of the last 20
+episode returns reaches it and the wall time to get there; the final return (mean of the last 20 episodes), steps
+per second and wall time; each as the median with min and max. A run counts once: W&B's copies of its event files
+(under wandb/) are left out, and of two runs of one config and seed only the later is kept (it says so). The wall time
+of a resumed run counts its parts, not the pause between them. The plot has one panel per env. Writes <name>.md and
+<name>.png beside the runs (--out-dir elsewhere; --results into benchmarks/results/, the project's tracked results).
 """
 
 import glob
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -31,15 +35,17 @@ class Args:
     runs_dir: tyro.conf.Positional[str]
     """a folder holding run directories (searched recursively for TensorBoard event files)"""
     name: str = "report"
-    """the report's file name under benchmarks/results/ (without extension)"""
+    """the report's file name (without extension)"""
     threshold: float | None = None
     """the return threshold for 'steps to threshold'"""
     window: int = 20
     """episodes in the moving mean of the return"""
     title: str = ""
     """a title for the plot and the table"""
-    out_dir: str = RESULTS
-    """where the .md and .png go"""
+    out_dir: str | None = None
+    """where the .md and .png go (default: the runs folder)"""
+    results: bool = False
+    """write into benchmarks/results/, the project's tracked results (overwrites the files of that name)"""
     order: list[str] = field(default_factory=list)
     """exp_names in the order to list their configs (others follow, sorted)"""
     machine: str | None = None
@@ -52,34 +58,83 @@ class Run:
     seed: int
     steps: np.ndarray  # global step of each finished episode
     returns: np.ndarray  # its return
-    start_wall: float  # wall time when the run's writer opened
-    wall: np.ndarray  # wall time of each episode event
+    wall: np.ndarray  # seconds of the run's own time (pauses between its parts left out) at each episode event
     sps: float
-    end_wall: float
+    duration: float  # seconds of the run's own time, all its parts
+    path: str = ""
 
 
 def load_run(run_dir: str) -> Run | None:
     parts = os.path.basename(run_dir).split("__")
-    if len(parts) != 4:
+    if len(parts) != 4 or not parts[2].isdigit():
         return None
     env_id, exp_name, seed, _ = parts
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    tags = accumulator.Tags()["scalars"]
-    if "charts/episodic_return" not in tags:
+    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))  # one per part of a resumed run
+    scalars = [read_file_scalars(path) for path in files]
+    events, sps_events = merge_parts([s.get("charts/episodic_return", []) for s in scalars]), []
+    if not events:
         return None
-    events = accumulator.Scalars("charts/episodic_return")
-    sps_events = accumulator.Scalars("charts/SPS") if "charts/SPS" in tags else []
+    sps_events = merge_parts([s.get("charts/SPS", []) for s in scalars])
+    segments = [(s["start"], s["end"]) for s in scalars if "start" in s]
     return Run(
         config=f"{env_id}__{exp_name}",
         seed=int(seed),
-        steps=np.array([e.step for e in events]),
-        returns=np.array([e.value for e in events]),
-        start_wall=accumulator.FirstEventTimestamp(),
-        wall=np.array([e.wall_time for e in events]),
-        sps=sps_events[-1].value if sps_events else float("nan"),
-        end_wall=max(events[-1].wall_time, sps_events[-1].wall_time if sps_events else 0.0),
+        steps=np.array([step for step, _, _ in events]),
+        returns=np.array([value for _, value, _ in events]),
+        wall=np.array([active_seconds(wall, segments) for _, _, wall in events]),
+        sps=sps_events[-1][1] if sps_events else float("nan"),
+        duration=sum(end - begin for begin, end in segments),
+        path=run_dir,
     )
+
+
+def read_file_scalars(path: str) -> dict:
+    """tag -> [(step, value, wall time), ...] of one event file, and its first and last wall time ('start', 'end')."""
+    accumulator = EventAccumulator(path, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    found = {tag: [(e.step, e.value, e.wall_time) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+    times = [event.wall_time for event in EventFileLoader(path).Load()]
+    return {**found, "start": min(times), "end": max(times)} if times else found
+
+
+def merge_parts(parts: list[list[tuple]]) -> list[tuple]:
+    """The events of a run's parts in order. A resumed part starts again from its checkpoint's step: the earlier
+    parts' events from that step on (logged after the checkpoint, before the interruption) are replaced by its own."""
+    merged = []
+    for part in parts:
+        if part:
+            merged = [event for event in merged if event[0] < part[0][0]] + part
+    return merged
+
+
+def wall_segments(run_dir: str) -> list[tuple[float, float]]:
+    """(first, last) wall time of each event file of a run: one per part of a run that was resumed."""
+    scalars = [read_file_scalars(path) for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))]
+    return [(s["start"], s["end"]) for s in scalars if "start" in s]
+
+
+def active_seconds(wall_time: float, segments: list[tuple[float, float]]) -> float:
+    """Seconds of the run's own time from its start to `wall_time`: the pauses between its parts left out."""
+    return sum(max(0.0, min(wall_time, end) - begin) for begin, end in segments)
+
+
+def find_runs(runs_dir: str) -> list[Run]:
+    """Every run under `runs_dir`, each once: folders under a wandb/ folder (W&B's copies of the event files) are left
+    out, a run name found twice (a link, a copy) is read once, and of two runs of one config and seed only the
+    later is kept, with a note."""
+    found: dict[str, str] = {}
+    for path in sorted(glob.glob(os.path.join(runs_dir, "**", "*__*__*__*"), recursive=True)):
+        relative = os.path.relpath(path, runs_dir).split(os.sep)
+        if os.path.isdir(path) and not any(part.startswith("wandb") for part in relative[:-1]):
+            found.setdefault(os.path.basename(path), path)
+    kept: dict[tuple[str, int], Run] = {}
+    for name in sorted(found, key=lambda name: name.rsplit("__", 1)[-1]):  # oldest first
+        if (run := load_run(found[name])) is None:
+            continue
+        if (run.config, run.seed) in kept:
+            print(f"note: {kept[run.config, run.seed].path} left out: {run.path} is a later run of that config and seed")
+        kept[run.config, run.seed] = run
+    return list(kept.values())
 
 
 def moving_mean(values: np.ndarray, window: int) -> np.ndarray:
@@ -98,17 +153,17 @@ def first_reaching(run: Run, threshold: float, window: int) -> tuple[int, float]
     if len(hits) == 0:
         return None
     i = hits[0] + window - 1
-    return int(run.steps[i]), float(run.wall[i] - run.start_wall)
+    return int(run.steps[i]), float(run.wall[i])
 
 
 def spread(values: list[float | None], fmt: str = "{:.0f}") -> str:
-    """'median (min-max)' over runs. A run that never got there (None) counts as +infinity, 'never', so that the
+    """'median (min to max)' over runs. A run that never got there (None) counts as +infinity, 'never', so that the
     median stays honest: with 2 of 5 seeds never reaching a threshold, the median is the third-best seed's step."""
     ranked = [np.inf if v is None or not np.isfinite(v) else float(v) for v in values]
     show = lambda v: "never" if np.isinf(v) else fmt.format(v)  # noqa: E731
     if all(np.isinf(ranked)):
         return "never"
-    text = show(np.median(ranked)) + (f" ({show(min(ranked))}-{show(max(ranked))})" if len(ranked) > 1 else "")
+    text = show(np.median(ranked)) + (f" ({show(min(ranked))} to {show(max(ranked))})" if len(ranked) > 1 else "")
     missing = int(np.isinf(ranked).sum())
     return text + (f", {missing} of {len(ranked)} never" if missing else "")
 
@@ -122,12 +177,12 @@ def summarize(runs: list[Run], threshold: float | None, window: int) -> dict:
         "final": [float(np.mean(r.returns[-window:])) for r in runs],
         "total_steps": [int(r.steps[-1]) for r in runs],
         "sps": [r.sps for r in runs],
-        "wall": [r.end_wall - r.start_wall for r in runs],
+        "wall": [r.duration for r in runs],
     }
 
 
-def write_result(name: str, lines: list[str], out_dir: str = RESULTS) -> str:
-    """Write a benchmark's Markdown lines to <out_dir>/<name>.md (benchmarks/results/ by default); return the path."""
+def write_result(name: str, lines: list[str], out_dir: str) -> str:
+    """Write a benchmark's Markdown lines to <out_dir>/<name>.md; return the path."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.md")
     with open(path, "w") as f:
@@ -146,9 +201,7 @@ def machine() -> str:
 
 
 def write_report(args: Args) -> tuple[str, str]:
-    runs = [
-        r for d in sorted(glob.glob(os.path.join(args.runs_dir, "**", "*__*__*__*"), recursive=True)) if (r := load_run(d))
-    ]
+    runs = find_runs(args.runs_dir)
     if not runs:
         raise SystemExit(f"error: no runs with charts/episodic_return under {args.runs_dir}")
     configs: dict[str, list[Run]] = {}
@@ -157,42 +210,58 @@ def write_report(args: Args) -> tuple[str, str]:
     rank = lambda config: args.order.index(config.split("__")[1]) if config.split("__")[1] in args.order else len(args.order)
     names = sorted(configs, key=lambda config: (rank(config), config))
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    md_path, png_path = os.path.join(args.out_dir, f"{args.name}.md"), os.path.join(args.out_dir, f"{args.name}.png")
-    threshold = f"{args.threshold:g}" if args.threshold is not None else "-"
+    out_dir = RESULTS if args.results else args.out_dir or args.runs_dir
+    os.makedirs(out_dir, exist_ok=True)
+    md_path, png_path = os.path.join(out_dir, f"{args.name}.md"), os.path.join(out_dir, f"{args.name}.png")
     runs_dir = os.path.abspath(args.runs_dir)
     shown_dir = os.path.relpath(runs_dir, ROOT) if runs_dir.startswith(ROOT + os.sep) else args.runs_dir
+    threshold = f"{args.threshold:g}" if args.threshold is not None else None
+    reached = f"'Steps to {threshold}': first step at which the mean return of the last {args.window} episodes "
+    reached += f"reaches {threshold}; 'wall s to {threshold}': the run's seconds until then. "
     lines = [
         f"# {args.title or args.name}",
         "",
-        f"Median (min-max) over seeds. 'Steps to {threshold}': first step at which the mean return of the last "
-        f"{args.window} episodes reaches {threshold}; 'final': mean of the last {args.window} episodes. "
+        "Median (min to max) over seeds. "
+        + (reached if threshold else "")
+        + f"'Final return': mean of the last {args.window} episodes. "
         f"Machine: {args.machine or machine()}. Generated by `python benchmarks/report.py {shown_dir} --name {args.name}"
-        + (f" --threshold {threshold}" if args.threshold is not None else "")
+        + (f" --threshold {threshold}" if threshold else "")
         + (f' --title "{args.title}"' if args.title else "")
-        + (f' --machine "{args.machine}"`.' if args.machine else "`."),
+        + (f' --machine "{args.machine}"' if args.machine else "")
+        + "`.",
         "",
-        f"| config | seeds | steps to {threshold} | wall s to {threshold} | final return | steps | SPS | wall s |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    figure, axis = plt.subplots(figsize=(8, 5))
+    header = ["config", "seeds"] + ([f"steps to {threshold}", f"wall s to {threshold}"] if threshold else [])
+    header += ["final return", "steps", "SPS", "wall s"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    envs = list(dict.fromkeys(name.split("__")[0] for name in names))  # one panel each
+    columns = min(len(envs), 3)
+    rows = -(-len(envs) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.2 * rows), squeeze=False)
+    colors = {}  # one colour per exp_name, the same in every panel
     for name in names:
         s = summarize(configs[name], args.threshold, args.window)
-        cells = [name, str(len(s["seeds"])), spread(s["steps_to"]), spread(s["wall_to"]), spread(s["final"], "{:.1f}")]
-        cells += [spread(s["total_steps"]), spread(s["sps"]), spread(s["wall"])]
+        cells = [name, str(len(s["seeds"]))] + ([spread(s["steps_to"]), spread(s["wall_to"])] if threshold else [])
+        cells += [spread(s["final"], "{:.1f}"), spread(s["total_steps"]), spread(s["sps"]), spread(s["wall"])]
         lines.append("| " + " | ".join(cells) + " |")
+        env_id, exp_name = name.split("__")
+        axis = axes.flat[envs.index(env_id)]
         grid = np.linspace(0, max(s["total_steps"]), 200)
         curves = np.stack([np.interp(grid, r.steps, moving_mean(r.returns, args.window)) for r in configs[name]])
-        mean = curves.mean(0)
-        (line,) = axis.plot(grid, mean, label=f"{name} ({len(curves)} seeds)")
-        axis.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
-    if args.threshold is not None:
-        axis.axhline(args.threshold, color="gray", linestyle="--", linewidth=1)
-    axis.set_xlabel("environment steps")
-    axis.set_ylabel(f"episodic return (mean of last {args.window})")
-    axis.set_title(args.title or args.name)
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
+        color = colors.setdefault(exp_name, f"C{len(colors) % 10}")
+        axis.plot(grid, curves.mean(0), color=color, label=f"{exp_name} ({len(curves)} seeds)")
+        axis.fill_between(grid, curves.min(0), curves.max(0), color=color, alpha=0.2)
+    for axis, env_id in zip(axes.flat, envs):
+        if args.threshold is not None:
+            axis.axhline(args.threshold, color="gray", linestyle="--", linewidth=1)
+        axis.set_xlabel("environment steps")
+        axis.set_ylabel(f"episodic return (mean of last {args.window})")
+        axis.set_title(env_id, fontsize=10)
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(envs) :]:
+        axis.set_visible(False)
+    figure.suptitle(args.title or args.name)
     figure.tight_layout()
     figure.savefig(png_path, dpi=110)
     plt.close(figure)

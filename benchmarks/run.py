@@ -4,14 +4,18 @@
     python benchmarks/run.py --scripts ppo_fsmn_cartpole.py --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 \\
         --extra="--total-timesteps 100000" --workers 2
 
-Each run writes its TensorBoard events under <out>/runs/ and its stdout and stderr to <out>/logs/<run>.log. A run
-that fails is reported with its log and does not stop the others. `--backend ray` sends the same runs to a Ray
-cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, as tasks that reserve
-`--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks' working dir and each run's
-event files come back in its result. A run already complete (its marker in
-<out>/done/) is skipped unless --rerun, so an interrupted sweep resumes where it stopped.
+Everything goes under the sweep's folder, <out> (default benchmark_runs/<preset or 'custom'> under the working
+folder), as it is written: each run works in <out>, so its TensorBoard events, videos and W&B files land in
+<out>/runs/, <out>/videos/ and <out>/wandb/ while it runs (`tensorboard --logdir <out>/runs` shows a live sweep), and
+its output in <out>/logs/<run>.log. A run that fails is reported with its log and does not stop the others. A run
+already complete (its marker in <out>/done/) is skipped unless --rerun. Every script's run saves checkpoints
+(--save-model): Ctrl-C (or SIGTERM) passes one Ctrl-C to each running run, which keeps its last checkpoint, and
+the same command resumes each unfinished run from there (the SB3 peers start again from step 0). `--backend ray`
+sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, as tasks
+that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks' working dir, and
+each run's runs/, videos/ and wandb/ come back into <out> when it ends.
 
-Presets (each writes its report to benchmarks/results/<name>.md, which gives the runs' wall times):
+Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0), plus sb3-contrib RecurrentPPO on
                        the masked task, with and without the previous action as input, 5 seeds each, 150k steps.
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
@@ -32,8 +36,10 @@ On a GPU the Atari presets are the ones that gain; the FSMN and continuous netwo
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -43,6 +49,7 @@ import tyro
 from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
 
 
 MUJOCO_FLAGS = ["--gamma", "0.99", "--learning-rate", "3e-4", "--num-minibatches", "32"]  # CleanRL's MuJoCo settings
@@ -175,11 +182,15 @@ class Args:
     configs: list[str] = field(default_factory=list)
     """with --preset, run only these of its configs (by name; default all)"""
     out: str | None = None
-    """output folder (default benchmarks/runs/<preset or 'custom'>)"""
+    """the sweep's folder: runs/, logs/, videos/, wandb/ and the report (default benchmark_runs/<preset or 'custom'>
+    under the working folder); the same command with the same --out resumes an interrupted sweep"""
     rerun: bool = False
-    """run again runs that are already complete"""
+    """run again, from step 0, runs that are already complete or were interrupted"""
     report: bool = True
-    """write the report when the runs are done (presets only)"""
+    """write the report (<out>/<name>.md and .png) when the runs are done (presets only)"""
+    results: bool = False
+    """also write the report into benchmarks/results/ (the project's tracked results: overwrites the file of that
+    name)"""
 
 
 def plan(args: Args) -> tuple[list[tuple[Config, int]], list[str], dict | None]:
@@ -217,9 +228,12 @@ def run_key(config: Config, seed: int) -> str:
 
 
 def argv_of(config: Config, seed: int, extra: list[str]) -> list[str]:
-    """The run's command line, its script relative to the repository root."""
+    """The run's command line, its script relative to the repository root. A script's run saves checkpoints, so
+    that an interrupted sweep resumes it where it stopped."""
     argv = [*config.command, "--exp-name", config.name, "--seed", str(seed), *extra]
-    return argv if "peers.py" in config.command[0] else [*argv, "--no-progress"]
+    if not resumable(argv):
+        return argv
+    return [*argv, "--no-progress"] + ([] if "--save-model" in argv else ["--save-model"])
 
 
 def threads_per_run(workers: int) -> int | None:
@@ -232,11 +246,67 @@ def threads_per_run(workers: int) -> int | None:
     return max(1, cores // workers)
 
 
-def execute(argv: list[str], repo: str | None = None, threads: int | None = None) -> tuple[int, str, bytes]:
-    """Run one command in a fresh folder; return its exit code, its output, and its runs/ folder as a tar.gz.
-    The same function runs in a thread (local backend) or as a Ray task on any node of a cluster, where `repo`
-    is None: the task then runs inside the repository copy that Ray's runtime_env shipped as its working dir.
-    `threads`, when given, is the run's OMP_NUM_THREADS."""
+def run_folder(log_path: str) -> str | None:
+    """The run folder (`runs/<run_name>`, relative to the sweep's folder) that the run's last attempt logged to."""
+    if not os.path.exists(log_path):
+        return None
+    with open(log_path, errors="replace") as log:
+        folders = [line.split("logging to ", 1)[1].strip() for line in log if line.startswith("logging to runs/")]
+    return folders[-1] if folders else None
+
+
+def resume_flags(argv: list[str], out: str, log_path: str, rerun: bool) -> list[str]:
+    """`--resume <checkpoint>` when the run's last attempt left a checkpoint in its run folder (the scripts save one
+    on Ctrl-C), unless --rerun. Otherwise the run starts again in a new folder, and the report keeps the later of two
+    runs of one config and seed."""
+    folder = run_folder(log_path)
+    if rerun or folder is None or not resumable(argv):
+        return []
+    checkpoint = os.path.join(folder, "checkpoint.pt")
+    return ["--resume", checkpoint] if os.path.exists(os.path.join(out, checkpoint)) else []
+
+
+def resumable(argv: list[str]) -> bool:
+    """The top-level scripts save checkpoints and resume from them; the peers (SB3) start again from step 0."""
+    return "peers.py" not in argv[0]
+
+
+def run_local(
+    argv: list[str], out: str, log_path: str, threads: int | None, live: dict, lock: threading.Lock, repo: str = ROOT
+) -> int:
+    """Run one command with <out> as its working folder, so its runs/, videos/ and wandb/ land there as they are
+    written, its output appended to its log as it comes. The process gets a session of its own: a Ctrl-C at the
+    terminal reaches the runner alone, which passes exactly one SIGINT on to each run (see main)."""
+    env = None if threads is None else dict(os.environ, OMP_NUM_THREADS=str(threads))
+    with open(log_path, "a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n")
+        log.flush()
+        with lock:
+            if live.get("stopping"):  # interrupted before this run started: it never starts
+                return 130
+            process = subprocess.Popen(
+                [sys.executable, os.path.join(repo, argv[0]), *argv[1:]],
+                cwd=out,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env or os.environ, PYTHONUNBUFFERED="1"),
+                start_new_session=True,
+            )
+            live[process.pid] = process
+        code = process.wait()
+        with lock:
+            live.pop(process.pid)
+        log.write(f"=== exit {code}\n")
+    return code
+
+
+def execute(
+    argv: list[str], repo: str | None = None, threads: int | None = None, files: bytes = b""
+) -> tuple[int, str, bytes]:
+    """Run one command in a fresh folder; return its exit code, its output, and its runs/, videos/ and wandb/ folders
+    as a tar.gz. A Ray task on any node of a cluster runs this, where `repo` is None: the task then runs inside the
+    repository copy that Ray's runtime_env shipped as its working dir. `files`, a tar.gz unpacked into the folder
+    first, brings a checkpoint to resume from. `threads`, when given, is the run's OMP_NUM_THREADS."""
     import io
     import tarfile
     import tempfile
@@ -244,99 +314,149 @@ def execute(argv: list[str], repo: str | None = None, threads: int | None = None
     repo = repo or os.getcwd()
     env = None if threads is None else dict(os.environ, OMP_NUM_THREADS=str(threads))
     with tempfile.TemporaryDirectory(prefix="bench_") as cwd:
+        if files:
+            with tarfile.open(fileobj=io.BytesIO(files), mode="r:gz") as tar:
+                tar.extractall(cwd, filter="data")
         result = subprocess.run(
             [sys.executable, os.path.join(repo, argv[0]), *argv[1:]], cwd=cwd, capture_output=True, text=True, env=env
         )
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-            if os.path.isdir(os.path.join(cwd, "runs")):
-                tar.add(os.path.join(cwd, "runs"), arcname="runs")
-    return result.returncode, shlex.join(argv) + "\n" + result.stdout + result.stderr, archive.getvalue()
+            for folder in ("runs", "videos", "wandb"):
+                if os.path.isdir(os.path.join(cwd, folder)):
+                    tar.add(os.path.join(cwd, folder), arcname=folder)
+    return result.returncode, result.stdout + result.stderr, archive.getvalue()
 
 
-def collect(key: str, argv: list[str], code: int, output: str, archive: bytes, out: str) -> str:
-    """Write the run's log, unpack its event files into <out>/runs and, on success, its completion marker."""
+def pack(out: str, paths: list[str]) -> bytes:
+    """The given paths under <out>, as a tar.gz (a checkpoint sent to a Ray task to resume from)."""
     import io
     import tarfile
 
-    log_path = os.path.join(out, "logs", f"{key}.log")
-    with open(log_path, "w") as log:
-        log.write(output)
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(out, filter="data")
-    if code == 0:
-        with open(os.path.join(out, "done", key), "w") as marker:
-            marker.write(shlex.join(argv) + "\n")
-    return log_path
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for path in paths:
+            tar.add(os.path.join(out, path), arcname=path)
+    return archive.getvalue()
 
 
-def backend_results(args: Args, jobs: dict[str, list[str]]):
-    """Yield (key, argv, exit code, output, runs archive) for every job as it finishes, on the chosen backend."""
-    progress = tqdm(total=len(jobs), desc="runs")
-    if args.backend == "local":
-        with ThreadPoolExecutor(max_workers=args.workers) as pool:
-            threads = threads_per_run(args.workers)
-            futures = {pool.submit(execute, argv, ROOT, threads): key for key, argv in jobs.items()}
-            try:
-                for future in as_completed(futures):
-                    progress.update()
-                    yield futures[future], jobs[futures[future]], *future.result()
-            finally:  # on Ctrl-C the queued runs never start; the running ones stop on their own Ctrl-C
-                for future in futures:
-                    future.cancel()
-    else:
-        import ray
+def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
+    """Yield (key, exit code) for every job as its Ray task finishes, its files unpacked into <out> and its output
+    appended to its log. A task's files come back when it ends: a run on another node is not visible before."""
+    import io
+    import tarfile
 
-        # ship this repository to every node as the tasks' working dir (event files come back in the results)
-        excludes = [".git", ".whl", "runs", "benchmarks/runs", "wandb", "videos", "__pycache__"]
-        ray.init(
-            address=args.address,
-            num_cpus=None if args.address else args.workers,
-            log_to_driver=False,
-            runtime_env={"working_dir": ROOT, "excludes": excludes},
-        )
-        task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)(execute)
-        pending = {task.remote(argv): key for key, argv in jobs.items()}
+    import ray
+
+    # ship this repository to every node as the tasks' working dir (the runs' files come back in the results)
+    excludes = [".git", ".whl", "runs", "benchmarks/runs", "benchmark_runs", "wandb", "videos", "__pycache__"]
+    ray.init(
+        address=args.address,
+        num_cpus=None if args.address else args.workers,
+        log_to_driver=False,
+        runtime_env={"working_dir": ROOT, "excludes": excludes},
+    )
+    task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)(execute)
+    pending = {}
+    for key, argv in jobs.items():
+        resume = [argv[argv.index("--resume") + 1]] if "--resume" in argv else []
+        pending[task.remote(argv, files=pack(out, resume))] = key
+    try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             key = pending.pop(done[0])
-            progress.update()
-            yield key, jobs[key], *ray.get(done[0])
+            code, output, archive = ray.get(done[0])
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                tar.extractall(out, filter="data")
+            with open(os.path.join(out, "logs", f"{key}.log"), "a") as log:
+                log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(jobs[key])}\n{output}=== exit {code}\n")
+            yield key, code
+    finally:
         ray.shutdown()
-    progress.close()
+
+
+def local_results(args: Args, jobs: dict[str, list[str]], out: str):
+    """Yield (key, exit code) for every job as its process ends, `--workers` at a time on this machine. On Ctrl-C
+    (or SIGTERM) no further run starts, each running one gets one SIGINT, and the runner waits while they save
+    their checkpoints; then KeyboardInterrupt goes on up."""
+    live, lock, threads = {}, threading.Lock(), threads_per_run(args.workers)
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        futures = {
+            pool.submit(run_local, argv, out, os.path.join(out, "logs", f"{key}.log"), threads, live, lock): key
+            for key, argv in jobs.items()
+        }
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        except KeyboardInterrupt:
+            with lock:
+                live["stopping"] = True
+                running = [p for pid, p in live.items() if pid != "stopping"]
+            for process in running:
+                process.send_signal(signal.SIGINT)
+            print(f"interrupted: waiting for {len(running)} running run(s) to save their checkpoints", flush=True)
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True)
+            raise
 
 
 def main(args: Args) -> None:
     runs, extra, report = plan(args)
-    out = os.path.abspath(args.out or os.path.join(ROOT, "benchmarks", "runs", args.preset or "custom"))
+    out = os.path.abspath(args.out or os.path.join("benchmark_runs", args.preset or "custom"))
     for sub in ("logs", "done", "runs"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     todo = []
     for config, seed in runs:
         if args.rerun or not os.path.exists(os.path.join(out, "done", run_key(config, seed))):
             todo.append((config, seed))
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} already complete, {len(todo)} to run, in {out}")
-    failed, start = [], time.time()
-    jobs = {run_key(config, seed): argv_of(config, seed, extra) for config, seed in todo}
-    finished = 0
+    jobs = {}
+    for config, seed in todo:
+        key, argv = run_key(config, seed), argv_of(config, seed, extra)
+        resume = resume_flags(argv, out, os.path.join(out, "logs", f"{key}.log"), args.rerun)
+        jobs[key] = argv + resume
+    resumed = sum("--resume" in argv for argv in jobs.values())
+    print(
+        f"{len(runs)} runs, {len(runs) - len(todo)} already complete, {len(todo)} to run"
+        + (f" ({resumed} from their last checkpoint)" if resumed else "")
+        + f", in {out}"
+    )
+    print(f"watch them: tensorboard --logdir {os.path.join(out, 'runs')}; each run's output: {os.path.join(out, 'logs')}")
+    failed, start, finished = [], time.time(), 0
+    # Ctrl-C, also where a shell started the runner with SIGINT ignored (in the background), and SIGTERM (a cluster's
+    # scheduler, `kill`) stop the sweep alike: the running runs keep their checkpoints
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    results = local_results(args, jobs, out) if args.backend == "local" else ray_results(args, jobs, out)
+    progress = tqdm(total=len(jobs), desc="runs")
     try:
-        for key, argv, code, output, archive in backend_results(args, jobs):
-            log_path = collect(key, argv, code, output, archive, out)
-            finished += 1
-            if code != 0:
+        for key, code in results:
+            progress.update()
+            if code == 0:
+                with open(os.path.join(out, "done", key), "w") as marker:
+                    marker.write(shlex.join(jobs[key]) + "\n")
+                finished += 1
+            else:
                 failed.append(key)
-                tqdm.write(f"FAILED {key} (exit {code}): see {log_path}")
-    except KeyboardInterrupt:  # the runs cut short get no completion marker: the same command runs them again
-        print(f"interrupted: {finished} of {len(jobs)} runs finished; the same command runs the others")
+                tqdm.write(f"FAILED {key} (exit {code}): see {os.path.join(out, 'logs', key + '.log')}")
+    except KeyboardInterrupt:  # the runs cut short get no completion marker: the same command resumes them
+        progress.close()
+        print(
+            f"interrupted: {finished} of {len(jobs)} runs finished; the same command resumes the others "
+            "(each from its last checkpoint)"
+        )
         raise SystemExit(130) from None
+    progress.close()
     print(f"done in {time.time() - start:.0f} s; {len(failed)} failed")
     if report and args.report:
         from report import Args as ReportArgs
         from report import write_report
 
         order = list(dict.fromkeys(c.name for c, _ in runs))
-        for path in write_report(ReportArgs(runs_dir=os.path.join(out, "runs"), order=order, **report)):
-            print(path)
+        runs_dir = os.path.join(out, "runs")
+        for out_dir in [out] + ([RESULTS] if args.results else []):
+            for path in write_report(ReportArgs(runs_dir=runs_dir, order=order, out_dir=out_dir, **report)):
+                print(path)
     if failed:
         raise SystemExit(1)
 

@@ -9,7 +9,10 @@ measured run starts; when that one ends, the second is stopped with Ctrl-C. Step
 TensorBoard `charts/SPS` events after a burn-in, the second run's over the same wall-clock window (its step count
 interpolated at the window's ends), so the table gives both runs' share of their speed alone. `--against REF` also runs
 each script's copy at git commit REF (or from a folder) alone, next to the new one: the speed before and after;
-`--against-beside` also runs REF's copies side by side.
+`--against-beside` also runs REF's copies side by side. The table goes to benchmark_runs/side_by_side/ under the
+working folder (--out-dir elsewhere; --results into benchmarks/results/, the project's tracked results). Before each
+measurement the cores that other processes keep busy are read for a second; above a quarter of a core the output and
+the table say that the machine was busy.
 """
 
 import glob
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import tyro
 from report import machine, write_result
-from sps import ROOT, extract_commit
+from sps import BUSY, RESULTS, ROOT, extract_commit, load_before
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # each script at its defaults, apart from the settings that make a run of a few tens of seconds with several iterations
@@ -53,8 +56,10 @@ class Args:
     """the second run every script is also measured beside (one of SCRIPTS; atari: the heaviest)"""
     against_beside: bool = False
     """with --against, also run the commit's copies beside each other (slow where they starve each other)"""
-    out_dir: str = os.path.join(ROOT, "benchmarks", "results")
+    out_dir: str = os.path.join("benchmark_runs", "side_by_side")
     """where the table is written"""
+    results: bool = False
+    """write the table into benchmarks/results/, the project's tracked results (overwrites the file of that name)"""
 
 
 def events(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
@@ -141,16 +146,20 @@ def main(args: Args) -> None:
     beside = [v for v in versions if v == "" or args.against_beside]
     configs += [(SECOND, None, version) for version in beside if SECOND not in names]  # the second's own speed alone
     configs += [(n, s, v) for v in beside for s in ("self", SECOND) for n in names if (s, n) != (SECOND, SECOND)]
-    results = {config: [] for config in configs}
+    results, before = {config: [] for config in configs}, []
     for repeat in range(args.repeats):
         for name, second, version in configs:
             other = None if second is None else command(name if second == "self" else second, version)
             total = args.total_timesteps or SCRIPTS[name][1]
+            before.append(load_before())
             results[name, second, version].append(measure(command(name, version), total, args.burn_in, other))
             sps, second_sps = results[name, second, version][-1]
             label = f"{version + ' ' if version else ''}{name}" + (f" beside {second}" if second else " alone")
+            busy = " (the machine was busy)" if before[-1] >= BUSY else ""
             print(
-                f"repeat {repeat + 1}, {label}: {sps:.0f} steps/s" + (f", second {second_sps:.0f}" if second else ""),
+                f"repeat {repeat + 1}, {label}: {sps:.0f} steps/s"
+                + (f", second {second_sps:.0f}" if second else "")
+                + f"; other processes before it: {before[-1]:.2f} cores{busy}",
                 flush=True,
             )
 
@@ -171,6 +180,7 @@ def main(args: Args) -> None:
         + (f" --against {args.against}" if args.against else "")
         + (" --against-beside" if args.against_beside else "")
         + (f" --second {args.second}" if args.second != "atari" else "")
+        + (" --results" if args.results else "")
         + "`.",
         "",
         f"| version | script | alone | beside itself (each) | share | beside {second_script} | share "
@@ -194,10 +204,14 @@ def main(args: Args) -> None:
                 f"Alone, {name} against {args.against}: median ratio **{np.median(ratios):.2f}** "
                 f"(min {min(ratios):.2f}, max {max(ratios):.2f})."
             )
+    lines += ["", f"Other processes kept up to {max(before):.2f} cores busy in the second before a measurement ({BUSY} "]
+    lines[-1] += "or more counts as busy)."
+    if max(before) >= BUSY:
+        lines += ["", "**Warning: the machine was busy before these runs: the shares may not hold on a quiet one.**"]
     lines.append("")
     print("\n".join(lines))
     name = "side_by_side" + (f"_against_{os.path.basename(os.path.normpath(args.against))}" if args.against else "")
-    print(write_result(name, lines, args.out_dir))
+    print(write_result(name, lines, RESULTS if args.results else args.out_dir))
 
 
 if __name__ == "__main__":

@@ -16,16 +16,24 @@ writes benchmarks/results/sps_<pair>.md: each run's figure, the median ratio scr
 the script once per variant (its extra flags) in each repeat, and reports each variant's ratio to the peer and to
 the first variant. `--against REF` also runs every variant of the script as it was at git commit REF (extracted with
 `git archive` into a temporary folder), in the same alternation, and reports each variant's ratio to its REF copy:
-how a refactor is checked.
+how a refactor is checked. The table goes to benchmark_runs/sps/ under the working folder (--out-dir elsewhere;
+--results into benchmarks/results/, the project's tracked results).
+
+Every run is also timed against the rest of the machine: the cores that other processes kept busy in the second
+before it starts and while it runs (Linux's /proc/stat, less the run's and this process's own CPU time). Above
+a quarter of a core the output and the table say that the machine was busy, so that the ratios may not hold on a
+quiet one. The peers take the cores other processes leave free, as the scripts do (peers.py).
 """
 
 import glob
 import os
+import resource
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +42,8 @@ from report import machine, write_result
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
+BUSY = 0.25  # cores kept busy by other processes above which a measurement says that the machine was busy
 
 # Equal settings: envs, steps per rollout, epochs and minibatch size (SB3's batch_size = samples per minibatch).
 PAIRS = {
@@ -132,11 +142,57 @@ class Args:
     """steps per run (default: the pair's)"""
     variants: list[str] | None = None
     """run only these of the pair's variants, named with or without their leading dashes (default: all)"""
-    out_dir: str = os.path.join(ROOT, "benchmarks", "results")
+    out_dir: str = os.path.join("benchmark_runs", "sps")
     """where the table is written"""
+    results: bool = False
+    """write the table into benchmarks/results/, the project's tracked results (overwrites the file of that name)"""
     against: str | None = None
     """a git commit (or a folder holding the scripts as they were) whose copy of the script also runs every variant,
     for a before/after ratio"""
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds that all of this machine's cores have spent busy since it booted (Linux's /proc/stat; 0 elsewhere)."""
+    try:
+        with open("/proc/stat") as f:  # the first line sums every CPU: user, nice, system, idle, iowait, irq, softirq
+            fields = f.readline().split()
+    except OSError:
+        return 0.0
+    return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class OtherLoad:
+    """The cores that processes other than this one (and a measured child, whose CPU time is given) keep busy, on
+    average, from this object's creation to a call of `cores`."""
+
+    def __init__(self):
+        self.start = time.perf_counter(), busy_cpu_seconds(), own_cpu_seconds()
+
+    def cores(self, child_cpu_seconds: float = 0.0) -> float:
+        now, busy, own = time.perf_counter(), busy_cpu_seconds(), own_cpu_seconds()
+        others = busy - self.start[1] - (own - self.start[2]) - child_cpu_seconds
+        return max(0.0, others / max(now - self.start[0], 1e-9))
+
+
+def load_before(seconds: float = 1.0) -> float:
+    """The cores that other processes keep busy over `seconds` of this process's sleep."""
+    load = OtherLoad()
+    time.sleep(seconds)
+    return load.cores()
+
+
+def busy_lines(before: list[float], during: list[float]) -> list[str]:
+    """The table's line on the rest of the machine's load, and a warning when it was busy."""
+    line = f"Other processes kept up to {max(before):.2f} cores busy in the second before a run, {max(during):.2f} "
+    line += f"on average during one (a run's own CPU time left out; {BUSY} or more counts as busy)."
+    if max(max(before), max(during)) < BUSY:
+        return [line]
+    return [line, "", "**Warning: the machine was busy while these runs ran: the ratios may not hold on a quiet one.**"]
 
 
 def measured_sps(run_dir: str, burn_in_steps: int) -> float:
@@ -148,26 +204,30 @@ def measured_sps(run_dir: str, burn_in_steps: int) -> float:
     return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
 
 
-def run(command: list[str], total_timesteps: int, burn_in: float) -> tuple[float, float]:
-    """Run one process in a fresh folder; return its steps per second and its peak resident memory in MiB."""
+def run(command: list[str], total_timesteps: int, burn_in: float) -> tuple[float, float, float, float]:
+    """Run one process in a fresh folder; return its steps per second, its peak resident memory in MiB, and the cores
+    that other processes kept busy in the second before it and while it ran."""
     cwd = tempfile.mkdtemp(prefix="sps_")
     full = [sys.executable, os.path.join(ROOT, command[0]), *command[1:], "--total-timesteps", str(total_timesteps)]
     # a script extracted from another commit (--against) is an absolute path, which os.path.join keeps as it is
+    before = load_before()
     with open(os.path.join(cwd, "log.txt"), "w") as log:
+        load = OtherLoad()
         process = subprocess.Popen(full, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage; ru_maxrss in KiB on Linux
+        during = load.cores(usage.ru_utime + usage.ru_stime)
     if os.waitstatus_to_exitcode(status) != 0:
         with open(os.path.join(cwd, "log.txt")) as log:
             raise SystemExit(f"error: {' '.join(command)} failed:\n{log.read()[-2000:]}")
     (run_dir,) = glob.glob(os.path.join(cwd, "runs", "*"))
     sps = measured_sps(run_dir, int(burn_in * total_timesteps))
     shutil.rmtree(cwd)
-    return sps, usage.ru_maxrss / 1024
+    return sps, usage.ru_maxrss / 1024, before, during
 
 
 def command_line(args: Args) -> str:
     """The flags that reproduce this table (those that differ from the defaults), for its 'Generated by' line."""
-    flags = [f"--pair {args.pair}", f"--repeats {args.repeats}"]
+    flags = [f"--pair {args.pair}", f"--repeats {args.repeats}"] + (["--results"] if args.results else [])
     if args.total_timesteps is not None:
         flags.append(f"--total-timesteps {args.total_timesteps}")
     if args.variants is not None:
@@ -208,15 +268,22 @@ def main(args: Args) -> None:
     total = args.total_timesteps or pair["total_timesteps"]
     sps = {name: [] for name in [*commands, "peer"]}
     memory = {name: [] for name in sps}
+    before, during = [], []
     for repeat in range(args.repeats):
         for name, command in [("peer", pair["peer"]), *commands.items()]:
             try:
-                run_sps, run_memory = run(command, total, args.burn_in)
+                run_sps, run_memory, load, run_load = run(command, total, args.burn_in)
+                before.append(load), during.append(run_load)
             except SystemExit as failure:  # the other runs still run; the table shows nan and the exit status is 1
                 print(failure, flush=True)
-                run_sps, run_memory = float("nan"), float("nan")
+                run_sps, run_memory, load, run_load = float("nan"), float("nan"), float("nan"), float("nan")
             sps[name].append(run_sps), memory[name].append(run_memory)
-            print(f"repeat {repeat + 1}, {name}: {run_sps:.0f} steps/s", flush=True)
+            busy = " (the machine was busy)" if max(load, run_load) >= BUSY else ""
+            print(
+                f"repeat {repeat + 1}, {name}: {run_sps:.0f} steps/s; other processes: {load:.2f} cores before, "
+                f"{run_load:.2f} during{busy}",
+                flush=True,
+            )
     first = next(iter(variants))
 
     def ratio(a: str, b: str) -> str:
@@ -241,13 +308,14 @@ def main(args: Args) -> None:
             else []
         ),
         "Peak resident memory (MiB, largest over repeats): " + ", ".join(f"{n} {max(m):.0f}" for n, m in memory.items()) + ".",
+        *busy_lines(before or [0.0], during or [0.0]),
         "",
     ]
     name = f"sps_{args.pair.replace('-', '_')}" + (
         f"_against_{os.path.basename(os.path.normpath(args.against))}" if args.against else ""
     )
-    path = write_result(name, lines, args.out_dir)
-    print("\n".join(line for line in lines if line.startswith("Median")))
+    path = write_result(name, lines, RESULTS if args.results else args.out_dir)
+    print("\n".join(line for line in lines if line.startswith(("Median", "Other processes", "**Warning"))))
     print(path)
     if any(np.isnan(values).any() for values in sps.values()):
         raise SystemExit("error: a run failed (its log is printed above)")

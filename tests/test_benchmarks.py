@@ -1,14 +1,20 @@
-"""benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs."""
+"""benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs. No tool
+writes into the repository unless told to (`repository_unchanged`), and none of these tests depends on the load."""
 
+import contextlib
 import glob
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
-from conftest import ROOT, import_script, run_script
+import torch
+from conftest import NO_DISPLAY, ROOT, WANDB_OFFLINE, assert_videos_reached_the_wandb_run, import_script, run_script
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -16,12 +22,27 @@ import peers  # noqa: E402
 import report  # noqa: E402
 
 
-def write_run(root: str, name: str, returns: list[float], steps_per_episode: int = 100) -> None:
+def write_run(root: str, name: str, returns: list[float], steps_per_episode: int = 100, first_step: int = 0) -> None:
     writer = SummaryWriter(os.path.join(root, name))
     for i, r in enumerate(returns):
-        writer.add_scalar("charts/episodic_return", r, (i + 1) * steps_per_episode)
-    writer.add_scalar("charts/SPS", 1000, len(returns) * steps_per_episode)
+        writer.add_scalar("charts/episodic_return", r, first_step + (i + 1) * steps_per_episode)
+    writer.add_scalar("charts/SPS", 1000, first_step + len(returns) * steps_per_episode)
     writer.close()
+
+
+@contextlib.contextmanager
+def repository_unchanged():
+    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after the
+    block as before it: a tool run without --results writes nothing there."""
+
+    def state():
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        results = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
+        return status, {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in results}
+
+    before = state()
+    yield
+    assert state() == before
 
 
 def test_steps_to_threshold_and_final_return(tmp_path):
@@ -35,9 +56,61 @@ def test_steps_to_threshold_and_final_return(tmp_path):
     summary = report.summarize(runs, threshold=10.0, window=3)
     assert summary["steps_to"] == [800, None]
     assert summary["final"] == [10.0, 5.0]
-    assert report.spread(summary["steps_to"]) == "never (800-never), 1 of 2 never"  # median of 800 and never
-    assert report.spread([300, None, 100, 200, None]) == "300 (100-never), 2 of 5 never"
-    assert report.spread([1.0, 3.0, 2.0]) == "2 (1-3)"
+    assert report.spread(summary["steps_to"]) == "never (800 to never), 1 of 2 never"  # median of 800 and never
+    assert report.spread([300, None, 100, 200, None]) == "300 (100 to never), 2 of 5 never"
+    assert report.spread([1.0, 3.0, 2.0]) == "2 (1 to 3)"
+    assert report.spread([-1217.3, -983.7, -1100.0], "{:.1f}") == "-1100.0 (-1217.3 to -983.7)"  # no "--983.7"
+
+
+def png_width(path: str) -> int:
+    with open(path, "rb") as f:
+        return int.from_bytes(f.read(24)[16:20], "big")  # the IHDR chunk's width
+
+
+def test_report_without_threshold_and_with_two_envs(tmp_path):
+    """No threshold: no 'steps to' columns at all; two envs: one panel each, side by side; the report goes beside the
+    runs by default."""
+    for seed in (1, 2):
+        write_run(str(tmp_path / "runs"), f"EnvA-v0__algo__{seed}__1", [-1000.0 - seed] * 25)
+        write_run(str(tmp_path / "runs"), f"EnvB-v0__algo__{seed}__1", [5.0] * 25)
+    md, png = report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), name="two"))
+    assert os.path.dirname(md) == str(tmp_path / "runs")
+    text = open(md).read()
+    assert "| config | seeds | final return | steps | SPS | wall s |" in text and "steps to" not in text
+    assert "| EnvA-v0__algo | 2 | -1001.5 (-1002.0 to -1001.0) |" in text
+    write_run(str(tmp_path / "one"), "EnvA-v0__algo__1__1", [1.0] * 25)
+    _, one_png = report.write_report(report.Args(runs_dir=str(tmp_path / "one"), name="one"))
+    assert png_width(png) == 2 * png_width(one_png)
+
+
+def test_report_counts_each_run_once(tmp_path, capsys):
+    """A tracked run leaves W&B's copies of its event files under wandb/ (and a latest-run link to them): the report
+    counts the run once. Of two runs of one config and seed, the later one is kept, with a note."""
+    write_run(str(tmp_path / "runs"), "Env-v0__algo__1__200", [10.0] * 25)
+    copy = tmp_path / "wandb" / "offline-run-1" / "files" / "runs"
+    shutil.copytree(tmp_path / "runs", copy)
+    os.symlink("offline-run-1", tmp_path / "wandb" / "latest-run")
+    write_run(str(tmp_path / "runs"), "Env-v0__algo__2__200", [20.0] * 25)
+    write_run(str(tmp_path / "runs"), "Env-v0__algo__2__100", [0.0] * 25)  # an earlier run of seed 2
+    runs = report.find_runs(str(tmp_path))
+    assert sorted((r.seed, float(r.returns[-1])) for r in runs) == [(1, 10.0), (2, 20.0)]
+    assert "Env-v0__algo__2__100 left out" in capsys.readouterr().out
+
+
+def test_resumed_run_is_read_once_without_its_pause(tmp_path):
+    """A run resumed from its checkpoint at step 500 writes a second event file to the same folder: the episodes that
+    the first part logged past step 500 are replaced by the second part's, and its wall time leaves out the pause."""
+    run_dir = str(tmp_path / "Env-v0__algo__1__100")
+    write_run(str(tmp_path), "Env-v0__algo__1__100", [1.0] * 10)  # steps 100..1000
+    time.sleep(2.0)  # the pause between the two parts
+    write_run(str(tmp_path), "Env-v0__algo__1__100", [2.0] * 10, first_step=500)  # steps 600..1500
+    (run,) = report.find_runs(str(tmp_path))
+    assert run.steps.tolist() == [100, 200, 300, 400, 500, *range(600, 1501, 100)]
+    assert run.returns.tolist() == [1.0] * 5 + [2.0] * 10
+    segments = report.wall_segments(run_dir)
+    assert len(segments) == 2 and segments[1][0] - segments[0][1] >= 2.0
+    assert run.duration == pytest.approx(sum(end - begin for begin, end in segments))
+    assert run.wall[-1] <= run.duration < segments[1][1] - segments[0][0] - 2.0  # the pause is not in the run's time
 
 
 def test_moving_mean_against_a_loop():
@@ -58,8 +131,8 @@ def test_report_writes_table_and_plot(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| Env-v0")]
     assert rows[0].startswith("| Env-v0__slow | 3 | never |")
     # seeds 2 and 3 (returns 20 and 30) reach 15 once 20 episodes are in the window, at step 2000; seed 1 never
-    assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000-never), 1 of 3 never |")
-    assert "| 20.0 (10.0-30.0) |" in rows[1]
+    assert rows[1].startswith("| Env-v0__fast | 3 | 2000 (2000 to never), 1 of 3 never |")
+    assert "| 20.0 (10.0 to 30.0) |" in rows[1]
     assert os.path.getsize(png) > 1000
     assert f"Machine: {report.machine()}." in text
     # runs fetched from another machine: the report names that machine and the command that says so
@@ -88,50 +161,99 @@ def test_peer_previous_action_is_the_input_the_fsmn_script_builds():
         previous, start = action, False
 
 
-@pytest.mark.smoke
-def test_runner_runs_skips_and_resumes(tmp_path):
-    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--env-ids", "CartPole-v1", "--seeds", "1", "2", "--out", str(tmp_path)]
-    extra = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
-    result = run_script("benchmarks/run.py", *flags, f"--extra={extra}", "--workers", "2", cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert "2 to run" in result.stdout
-    assert len(os.listdir(tmp_path / "runs")) == 2 and len(os.listdir(tmp_path / "done")) == 2
-    again = run_script("benchmarks/run.py", *flags, f"--extra={extra}", cwd=str(tmp_path))
-    assert "2 already complete, 0 to run" in again.stdout
-    failing = run_script("benchmarks/run.py", *flags, "--extra=--num-minibatches 3", "--rerun", cwd=str(tmp_path))
-    assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
+TINY = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
 
 
 @pytest.mark.smoke
-def test_runner_ctrl_c_marks_nothing_complete_and_starts_nothing_more(tmp_path):
-    """Ctrl-C as a terminal sends it (SIGINT to the runner's process group, its runs included): the runner exits 130
-    with one line and no traceback, the interrupted run gets no completion marker and the queued one never starts."""
-    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), *flags, "--extra=--total-timesteps 10000000"]
-    runner = subprocess.Popen(
-        command,
-        cwd=str(tmp_path),
+def test_runner_runs_skips_and_writes_only_under_its_folder(tmp_path):
+    """A user's first small sweep of a preset, as in the README, with no --out: everything lands under
+    benchmark_runs/<preset>/ in the working folder (the report too), and the repository is left as it was."""
+    flags = ["--preset", "fsmn-cartpole", "--configs", "fsmn_m4", "sb3_recurrent_ppo_novel", "--seeds", "1"]
+    extra = "--extra=--total-timesteps 512"
+    with repository_unchanged():
+        result = run_script("benchmarks/run.py", *flags, extra, "--workers", "2", cwd=str(tmp_path))
+        assert result.returncode == 0, result.stdout + result.stderr
+        out = tmp_path / "benchmark_runs" / "fsmn-cartpole"
+        assert "2 to run" in result.stdout and str(out) in result.stdout
+        assert len(os.listdir(out / "runs")) == 2 and len(os.listdir(out / "done")) == 2
+        assert (out / "fsmn_cartpole.md").exists() and (out / "fsmn_cartpole.png").exists()
+        again = run_script("benchmarks/run.py", *flags, extra, cwd=str(tmp_path))
+        assert "2 already complete, 0 to run" in again.stdout
+        failing = run_script("benchmarks/run.py", *flags, "--extra=--num-minibatches 3", "--rerun", cwd=str(tmp_path))
+        assert failing.returncode != 0 and "FAILED" in failing.stdout + failing.stderr
+        report_result = run_script("benchmarks/report.py", str(out / "runs"), "--name", "again", cwd=str(tmp_path))
+        assert report_result.returncode == 0 and (out / "runs" / "again.md").exists(), report_result.stderr
+    ignored = subprocess.run(["git", "check-ignore", "-q", "benchmark_runs/fsmn-cartpole"], cwd=ROOT)
+    assert ignored.returncode == 0, "run from the repository's root, the default folder must be ignored by git"
+
+
+@pytest.mark.smoke
+def test_runner_keeps_videos_and_wandb_runs(tmp_path):
+    """--extra="--capture-video --track": the videos and the offline W&B run stay in the sweep's folder (where the log
+    says to `wandb sync` them), and the report over the whole folder still counts the run once."""
+    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "--out", str(tmp_path), "--no-report"]
+    extra = "--extra=--total-timesteps 1024 --num-envs 2 --num-steps 256 --num-minibatches 2 --track --capture-video"
+    result = run_script("benchmarks/run.py", *flags, extra, cwd=str(tmp_path), env={**WANDB_OFFLINE, **NO_DISPLAY})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_videos_reached_the_wandb_run(str(tmp_path))
+    runs = report.find_runs(str(tmp_path))
+    assert len(runs) == 1, [r.path for r in runs]
+
+
+def start_runner(flags: list[str], cwd: str) -> subprocess.Popen:
+    """The runner in a process group of its own, SIGINT at its default (pytest may ignore it), output captured."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), *flags],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal, even if pytest ignores it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.time() + 60
-    while time.time() < deadline and not any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)):
+
+
+@pytest.mark.smoke
+def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the runner's process group): the runner passes it on to the run, which
+    keeps its events, log and last checkpoint under the sweep's folder while it runs; the runner exits 130 with one
+    line and no traceback, marks nothing complete and starts nothing more. Run again (here with a budget just past
+    the checkpoint, so that the test ends), the sweep resumes the run from its checkpoint in its own run folder and
+    runs the queued one from step 0."""
+    flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
+    runner = start_runner([*flags, f"--extra={TINY} --total-timesteps 10000000 --save-interval 1"], str(tmp_path))
+    deadline = time.time() + 120
+    while time.time() < deadline and not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt")):
         time.sleep(0.5)
-    assert any("ppo_fsmn_cartpole.py" in p for p in child_commands(runner.pid)), "the runner started no run"
-    time.sleep(5)  # the run is under way
-    os.killpg(runner.pid, signal.SIGINT)
     try:
+        (checkpoint_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))  # visible while it runs
+        assert glob.glob(str(tmp_path / "runs" / "*" / "events.*")) and os.listdir(tmp_path / "logs")
+        os.killpg(runner.pid, signal.SIGINT)
         stdout, stderr = runner.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(runner.pid, signal.SIGKILL)
-        raise
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        for command in child_commands(runner.pid):  # never leave a training run behind
+            subprocess.run(["pkill", "-f", command.strip()])
     assert runner.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted: 0 of 2 runs finished" in stdout
-    assert os.listdir(tmp_path / "done") == [] and os.listdir(tmp_path / "logs") == []
+    assert os.listdir(tmp_path / "done") == []
+    log = (tmp_path / "logs" / "ppo_fsmn_cartpole__default__1.log").read_text()
+    assert "interrupted during iteration" in log and "=== exit 130" in log
+    assert not (tmp_path / "logs" / "ppo_fsmn_cartpole__default__2.log").exists()  # queued: never started
+    step = torch.load(checkpoint_path, weights_only=True)["global_step"]
+
+    again = run_script("benchmarks/run.py", *flags, f"--extra={TINY} --total-timesteps {step + 256}", cwd=str(tmp_path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 to run (1 from their last checkpoint)" in again.stdout
+    log = (tmp_path / "logs" / "ppo_fsmn_cartpole__default__1.log").read_text()
+    assert f"--resume runs/{os.path.basename(os.path.dirname(checkpoint_path))}/checkpoint.pt" in log.split("===")[-2]
+    assert sorted(os.listdir(tmp_path / "done")) == ["ppo_fsmn_cartpole__default__1", "ppo_fsmn_cartpole__default__2"]
+    assert len(os.listdir(tmp_path / "runs")) == 2  # the resumed run went on in its own folder
+    resumed = report.load_run(os.path.dirname(checkpoint_path))
+    assert len(report.wall_segments(resumed.path)) == 2 and resumed.steps[-1] > step
+    assert torch.load(checkpoint_path, weights_only=True)["global_step"] == step + 256
 
 
 def child_commands(pid: int) -> list[str]:
@@ -157,19 +279,30 @@ def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert run.threads_per_run(2) is None
     (tmp_path / "show.py").write_text("import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
-    code, output, _ = run.execute(["show.py"], repo=str(tmp_path), threads=1)
-    assert code == 0 and output.split("\n")[1] == "1 1", output
+    log = tmp_path / "show.log"
+    code = run.run_local(["show.py"], str(tmp_path), str(log), 1, {}, threading.Lock(), repo=str(tmp_path))
+    assert code == 0 and log.read_text().splitlines()[1] == "1 1", log.read_text()
+    code, output, _ = run.execute(["show.py"], repo=str(tmp_path), threads=1)  # the Ray backend's way
+    assert code == 0 and output.splitlines()[0] == "1 1", output
 
 
 @pytest.mark.smoke
 def test_runner_on_a_local_ray_instance(tmp_path):
+    """The same runs as Ray tasks: their files come back into the sweep's folder, and a run that did not finish (here:
+    its completion marker removed) resumes from its checkpoint, which travels to the task."""
     flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--backend", "ray"]
-    extra = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
-    result = run_script("benchmarks/run.py", *flags, f"--extra={extra}", "--workers", "2", cwd=str(tmp_path))
+    result = run_script("benchmarks/run.py", *flags, f"--extra={TINY}", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(os.listdir(tmp_path / "runs"))
     assert len(runs) == 2 and all(os.listdir(tmp_path / "runs" / run) for run in runs)  # event files came back
     assert sorted(os.listdir(tmp_path / "done")) == ["ppo_fsmn_cartpole__default__1", "ppo_fsmn_cartpole__default__2"]
+    os.remove(tmp_path / "done" / "ppo_fsmn_cartpole__default__1")
+    again = run_script("benchmarks/run.py", *flags, f"--extra={TINY} --total-timesteps 512", cwd=str(tmp_path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 to run (1 from their last checkpoint)" in again.stdout
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*__1__*" / "checkpoint.pt"))
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 512
+    assert len(report.wall_segments(os.path.dirname(checkpoint))) == 2  # both parts' event files, in one folder
 
 
 def test_preset_configs_filter(monkeypatch):
@@ -191,14 +324,16 @@ def test_preset_configs_filter(monkeypatch):
 @pytest.mark.smoke
 def test_sps_pair_against_an_earlier_commit(tmp_path):
     """sps.py runs the peer, the script and the script as it was at a git commit, alternating, and writes the table
-    with each ratio; an unknown commit or variant is one line."""
+    with each ratio under the working folder; an unknown commit or variant is one line."""
     flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "2048", "--variants", "eager"]
-    result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", "--out-dir", str(tmp_path), cwd=str(tmp_path))
+    with repository_unchanged():
+        result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    text = (tmp_path / "sps_fsmn_cartpole_against_HEAD.md").read_text()
+    text = (tmp_path / "benchmark_runs" / "sps" / "sps_fsmn_cartpole_against_HEAD.md").read_text()
     assert "| repeat | eager steps/s | HEAD eager steps/s | peer steps/s |" in text
     assert "Median ratio eager/HEAD eager: **" in text and "Median ratio eager/peer: **" in text
     assert "--variants eager --against HEAD`." in text
+    assert "Other processes kept up to" in text
     bad = run_script("benchmarks/sps.py", *flags[:4], "--against", "no-such-commit", cwd=str(tmp_path))
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --against=no-such-commit")
     bad = run_script("benchmarks/sps.py", *flags[:4], "--variants", "nope", cwd=str(tmp_path))
@@ -206,15 +341,56 @@ def test_sps_pair_against_an_earlier_commit(tmp_path):
 
 
 @pytest.mark.smoke
-def test_side_by_side_table(tmp_path):
-    """side_by_side.py measures a script alone, beside itself and beside a second script, and writes every share (its
-    --against shares sps.py's commit extraction, tested there); an unknown script is one line."""
-    flags = ["--scripts", "fsmn", "--second", "continuous", "--repeats", "1", "--total-timesteps", "4096", "--burn-in", "0"]
-    result = run_script("benchmarks/side_by_side.py", *flags, "--out-dir", str(tmp_path), cwd=str(tmp_path))
+def test_sps_says_when_the_machine_was_busy(tmp_path):
+    """With a process spinning beside it (a core's worth, whatever else runs), sps.py says in its output and its
+    table that the machine was busy."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import sps
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        load = sps.OtherLoad()
+        time.sleep(1.0)
+        assert load.cores() >= 0.5  # the spinner, not this process's sleep
+        flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "2048", "--variants", "eager"]
+        result = run_script("benchmarks/sps.py", *flags, "--out-dir", str(tmp_path), cwd=str(tmp_path))
+    finally:
+        spinner.kill()
+        spinner.wait()
     assert result.returncode == 0, result.stdout + result.stderr
-    text = (tmp_path / "side_by_side.md").read_text()
+    assert "(the machine was busy)" in result.stdout and "**Warning: the machine was busy" in result.stdout
+    assert "**Warning: the machine was busy" in (tmp_path / "sps_fsmn_cartpole.md").read_text()
+
+
+def test_peers_take_the_free_cores_as_the_scripts_do(monkeypatch):
+    """SB3's peers get the scripts' thread policy (`--threads 0`): torch takes the cores other processes leave free,
+    read again before every rollout."""
+    threads = torch.get_num_threads()
+    free = iter([1, 2])
+    monkeypatch.setattr(peers, "free_cores", lambda reading: next(free))
+    monkeypatch.setattr(peers, "TORCH_THREADS", 8)
+    try:
+        callback = peers.CleanRLTags(writer=None)
+        assert torch.get_num_threads() == 1
+        callback._on_rollout_start()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.smoke
+def test_side_by_side_table(tmp_path):
+    """side_by_side.py measures a script alone, beside itself and beside a second script, and writes every share under
+    the working folder (its --against shares sps.py's commit extraction, tested there); an unknown script is one
+    line."""
+    flags = ["--scripts", "fsmn", "--second", "continuous", "--repeats", "1", "--total-timesteps", "4096", "--burn-in", "0"]
+    with repository_unchanged():
+        result = run_script("benchmarks/side_by_side.py", *flags, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / "benchmark_runs" / "side_by_side" / "side_by_side.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| this | fsmn |")).split("|")[1:-1]
     assert len(row) == 8 and all(cell.strip().rstrip("%").isdigit() for cell in row[2:]), row
     assert "--scripts fsmn --total-timesteps 4096 --burn-in 0.0 --second continuous`." in text
+    assert "Other processes kept up to" in text
     bad = run_script("benchmarks/side_by_side.py", "--scripts", "nope", cwd=str(tmp_path))
     assert bad.returncode != 0 and "error: --scripts/--second=nope: each must be one of fsmn, continuous" in bad.stderr
