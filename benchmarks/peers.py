@@ -1,6 +1,7 @@
 """Peers to benchmark against, side by side, logging the same TensorBoard tags as the scripts.
 
     python benchmarks/peers.py recurrent-ppo --seed 1 --total-timesteps 150000     # sb3-contrib LSTM, masked CartPole
+    python benchmarks/peers.py recurrent-ppo --env-id popgym-RepeatFirstEasy-v0 --prev-action --fsmn-settings
     python benchmarks/peers.py sb3-ppo --env-id CartPole-v1 --num-envs 4 --num-steps 128 --batch-size 128 --epochs 4
     python benchmarks/peers.py sb3-ppo-atari --env-id PongNoFrameskip-v4                # CnnPolicy, CleanRL's settings
 
@@ -95,7 +96,9 @@ class PreviousAction(gym.Wrapper):
 
 @dataclass
 class RecurrentPPOArgs:
-    """sb3-contrib RecurrentPPO with the RL Zoo's `ppo_lstm` settings for CartPoleNoVel-v1."""
+    """sb3-contrib RecurrentPPO (an LSTM) with the RL Zoo's `ppo_lstm` settings for CartPoleNoVel-v1: on CartPole the
+    velocities are hidden; a POPGym task (popgym-...) gets the observation ppo_fsmn_cartpole.py gets, flattened to
+    float32 one-hot, and grid actions numbered by popgym's DiscreteAction."""
 
     seed: int = 1
     total_timesteps: int = 150_000
@@ -103,23 +106,41 @@ class RecurrentPPOArgs:
     env_id: str = "CartPole-v1"
     prev_action: bool = False
     """append the previous action to the observation (PreviousAction), as ppo_fsmn_cartpole.py --prev-action"""
+    fsmn_settings: bool = False
+    """the PPO settings of ppo_fsmn_cartpole.py's defaults instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4
+    minibatches, gamma 0.99, GAE lambda 0.95, learning rate 1e-3 annealed, clip 0.2, observations normalised and
+    rewards not"""
+
+
+def flat_observation(env: gym.Env) -> gym.Env:
+    """A POPGym task as ppo_fsmn_cartpole.py builds it: grid actions numbered, the observation one-hot, float32."""
+    from popgym.wrappers import DiscreteAction
+
+    if isinstance(env.action_space, gym.spaces.MultiDiscrete):
+        env = DiscreteAction(env.unwrapped)
+    env = gym.wrappers.FlattenObservation(env)
+    return gym.wrappers.DtypeObservation(env, np.float32)
 
 
 def recurrent_ppo(args: RecurrentPPOArgs) -> None:
-    wrap = (lambda env: PreviousAction(mask_velocity(env))) if args.prev_action else mask_velocity
+    if args.env_id.startswith("popgym-"):
+        import popgym  # noqa: F401  (registers the POPGym ids)
+    base = mask_velocity if args.env_id.startswith("CartPole") else flat_observation
+    wrap = (lambda env: PreviousAction(base(env))) if args.prev_action else base
+    fsmn = args.fsmn_settings
     envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=wrap)
-    envs = VecNormalize(envs)  # the zoo's `normalize: true`
+    envs = VecNormalize(envs, norm_reward=not fsmn)  # the zoo's `normalize: true`; the FSMN normalises observations only
     model = RecurrentPPO(
         "MlpLstmPolicy",
         envs,
-        n_steps=32,
-        batch_size=256,
-        n_epochs=20,
-        gamma=0.98,
-        gae_lambda=0.8,
+        n_steps=64 if fsmn else 32,
+        batch_size=128 if fsmn else 256,
+        n_epochs=10 if fsmn else 20,
+        gamma=0.99 if fsmn else 0.98,
+        gae_lambda=0.95 if fsmn else 0.8,
         ent_coef=0.0,
         learning_rate=lambda remaining: 1e-3 * remaining,  # the zoo's lin_1e-3: linear decay to 0
-        clip_range=lambda remaining: 0.2 * remaining,  # lin_0.2
+        clip_range=0.2 if fsmn else lambda remaining: 0.2 * remaining,  # the zoo's lin_0.2
         policy_kwargs=dict(
             ortho_init=False,
             activation_fn=torch.nn.ReLU,

@@ -29,6 +29,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        `steps1024_gamma0.995`, `steps512`, and `steps1024_best` (steps1024 evaluated every 4
                        iterations, the best policy kept in best.pt); `--configs steps1024` for one of them.
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
+  popgym               POPGym's PositionOnlyCartPole, RepeatPrevious, RepeatFirst, CountRecall and Autoencode (Easy),
+                       3 seeds, 100k steps: ppo_fsmn_cartpole.py at its defaults, its memoryless ablation (memory order
+                       0), and sb3-contrib RecurrentPPO given the same observation, previous action and PPO settings.
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
 On a GPU the Atari presets are the ones that gain; the FSMN and continuous networks are too small to.
@@ -73,6 +76,11 @@ class Config:
 LUNAR_ZOO = ["--num-envs", "16", "--num-steps", "1024", "--batch-size", "64", "--epochs", "4"]
 LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01", "--eval-episodes", "20"]
 
+# POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
+POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
+POPGYM += ["popgym-AutoencodeEasy-v0"]
+LSTM = ["benchmarks/peers.py", "recurrent-ppo", "--prev-action", "--fsmn-settings"]
+
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
         configs=[
@@ -85,6 +93,22 @@ PRESETS: dict[str, dict] = {
         extra=["--total-timesteps", "150000"],
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="fsmn_cartpole", threshold=475.0, title="FSMN PPO on CartPole-v1 and masked-velocity CartPole"),
+    ),
+    "popgym": dict(
+        configs=[
+            config
+            for env_id in POPGYM
+            for config in (
+                Config("fsmn", ["ppo_fsmn_cartpole.py", "--env-id", env_id]),
+                Config("fsmn_m0", ["ppo_fsmn_cartpole.py", "--env-id", env_id, "--memory-order", "0"]),
+                Config("sb3_recurrent_ppo", [*LSTM, "--env-id", env_id]),
+            )
+        ],
+        extra=["--total-timesteps", "100000"],
+        seeds=[1, 2, 3],
+        report=dict(
+            name="popgym", threshold=None, title="POPGym Easy: the FSMN, its ablation and an LSTM", window=100, mmer=True
+        ),
     ),
     "ppg-lunarlander": dict(
         configs=[

@@ -83,6 +83,16 @@ def test_report_without_threshold_and_with_two_envs(tmp_path):
     assert png_width(png) == 2 * png_width(one_png)
 
 
+def test_report_mmer_is_the_best_moving_mean(tmp_path):
+    """POPGym's MMER: the maximum over training of the mean return of the last `window` episodes (here 3)."""
+    write_run(str(tmp_path), "Env-v0__algo__1__1", [0.0, 0.0, 3.0, 3.0, 3.0, 0.0, 0.0, 0.0])  # means 1, 2, 3, 2, 1, 0
+    write_run(str(tmp_path), "Env-v0__algo__2__1", [1.0, 1.0])  # fewer episodes than the window: their mean
+    summary = report.summarize(report.find_runs(str(tmp_path)), threshold=None, window=3)
+    assert summary["mmer"] == [3.0, 1.0] and summary["final"] == [0.0, 1.0]
+    md, _ = report.write_report(report.Args(runs_dir=str(tmp_path), name="m", window=3, mmer=True))
+    assert "| final return | MMER | steps |" in open(md).read() and "--window 3 --mmer" in open(md).read()
+
+
 def test_report_counts_each_run_once(tmp_path, capsys):
     """A tracked run leaves W&B's copies of its event files under wandb/ (and a latest-run link to them): the report
     counts the run once. Of two runs of one config and seed, the later one is kept, with a note."""
