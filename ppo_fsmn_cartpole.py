@@ -2,10 +2,12 @@
 
 Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of the
 last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory; training
-replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked.
+replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked. POPGym's tasks
+with discrete actions run too (Morad et al. 2023, arXiv 2303.01859): observations one-hot, grid actions numbered.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
+    python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym task (`import popgym` registers them)
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
@@ -31,9 +33,12 @@ if __name__ == "__main__":  # set before the libraries below load, which takes s
 
 import gymnasium as gym
 import numpy as np
+import popgym  # registers the POPGym ids, popgym-<Task><Easy|Medium|Hard>-v0, with gymnasium
 import torch
 import torch.nn as nn
 import tyro
+from popgym.core.env import POPGymEnv
+from popgym.wrappers import DiscreteAction
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -78,7 +83,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment (a gymnasium id with a Discrete action space)"""
+    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task such as popgym-CountRecallEasy-v0"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -182,26 +187,49 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
         if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
             space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
+        if isinstance(env.action_space, gym.spaces.MultiDiscrete):  # POPGym's Battleship, MineSweeper: a grid cell
+            # MultiDiscrete([8, 8]) -> Discrete(64) by np.unravel_index. popgym's wrapper takes its own env class, so it
+            # wraps the env itself: `make`'s passive checker is dropped (and no video is lost: these tasks draw no frames)
+            env = DiscreteAction(env.unwrapped)
+        observations = env.observation_space
+        if not (isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1):  # POPGym's cards, counts, grids
+            env = gym.wrappers.FlattenObservation(env)  # Discrete and MultiDiscrete parts one-hot, concatenated, int64
+            env = gym.wrappers.DtypeObservation(env, np.float32)
         return env
 
     return thunk
 
 
-def check_env_args(env_id: str, mask_velocity: bool) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, non-flat observations."""
+def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
+    """One clear line for an env this script cannot run: an unknown id, actions that are neither Discrete nor POPGym's
+    MultiDiscrete, observations gymnasium cannot flatten, a video of an env that draws no frames."""
     if env_id not in gym.registry:
-        raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+        if env_id.startswith("popgym-Labyrinth") and not popgym.envs.has_mazelib():
+            why = "a POPGym maze, registered only where the package mazelib is installed"
+        elif env_id.startswith("popgym-"):
+            why = "not a POPGym id, popgym-<Task><Easy|Medium|Hard>-v0 (see gymnasium.pprint_registry())"
+        else:
+            why = "not a registered gymnasium id (see gymnasium.pprint_registry())"
+        raise SystemExit(f"error: --env-id={env_id} is {why}")
     env = gym.make(env_id)
     env.close()
     actions, observations = env.action_space, env.observation_space
-    flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
-    if not (isinstance(actions, gym.spaces.Discrete) and flat):
+    popgym_cells = isinstance(actions, gym.spaces.MultiDiscrete) and isinstance(env.unwrapped, POPGymEnv)
+    if not (isinstance(actions, gym.spaces.Discrete) or popgym_cells):
         raise SystemExit(
-            f"error: --env-id={env_id} has {actions} actions and {observations} observations; "
-            f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
+            f"error: --env-id={env_id} has {actions} actions; "
+            f"{SCRIPT}.py needs Discrete actions or POPGym's MultiDiscrete ones (ppo_continuous.py takes Box actions)"
+        )
+    if not observations.is_np_flattenable:
+        raise SystemExit(
+            f"error: --env-id={env_id} has {observations} observations; "
+            f"{SCRIPT}.py needs one gymnasium can flatten (Box, Discrete, MultiDiscrete, or a Tuple or Dict of them)"
         )
     if mask_velocity and not env_id.startswith("CartPole"):
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
+    modes = env.metadata.get("render_modes", [])
+    if capture_video and "rgb_array" not in modes:
+        raise SystemExit(f"error: --capture-video needs frames, and --env-id={env_id} draws none (its render modes: {modes})")
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -518,7 +546,7 @@ def main(args: Args) -> None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
-    check_env_args(args.env_id, args.mask_velocity)
+    check_env_args(args.env_id, args.mask_velocity, args.capture_video)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
     # TRY NOT TO MODIFY: run name

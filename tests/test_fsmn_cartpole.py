@@ -1,4 +1,4 @@
-"""ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, and learning."""
+"""ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, POPGym tasks, learning."""
 
 import glob
 import os
@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
+import popgym
 import pytest
 import torch
 from conftest import (
@@ -29,6 +30,7 @@ from conftest import (
 SCRIPT = "ppo_fsmn_cartpole.py"
 p = import_script("ppo_fsmn_cartpole")
 TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+PENDULUM = "popgym-NoisyPositionOnlyPendulumEasy-v0"  # POPGym's continuous-action task
 
 
 def random_agent(memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
@@ -286,10 +288,8 @@ def test_vector_env_same_step_autoreset():
     envs.close()
 
 
-def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
-    """Inside the script's own loop: final values are filled exactly at truncated steps, each the critic's value
-    of that episode's final observation with that episode's memory, and episode starts follow the dones."""
-    gym.register("CartPoleShort-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+def episode_ends_of_run(monkeypatch, args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run `main` and return the terminations, truncations and final values that its rollouts gave GAE, (T, B) each."""
     seen = []
     original = p.compute_gae
 
@@ -298,8 +298,16 @@ def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
         return original(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda)
 
     monkeypatch.setattr(p, "compute_gae", spy)
-    p.main(p.Args(env_id="CartPoleShort-v1", num_envs=4, num_steps=40, total_timesteps=320, num_minibatches=2, progress=False))
-    terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
+    p.main(args)
+    return tuple(torch.cat(x) for x in zip(*seen))
+
+
+def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
+    """Inside the script's own loop: final values are filled exactly at truncated steps, each the critic's value
+    of that episode's final observation with that episode's memory, and episode starts follow the dones."""
+    gym.register("CartPoleShort-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+    args = p.Args(env_id="CartPoleShort-v1", num_envs=4, num_steps=40, total_timesteps=320, num_minibatches=2, progress=False)
+    terminations, truncations, final_values = episode_ends_of_run(monkeypatch, args)
     assert truncations.any() and terminations.any()
     assert (final_values[~truncations] == 0).all()
     assert (final_values[truncations & ~terminations] != 0).all()
@@ -387,7 +395,14 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Discrete"]),
-        (["--env-id", "Blackjack-v1"], ["--env-id=Blackjack-v1", "flat Box observation"]),
+        (["--env-id", "popgym-NoSuchTaskEasy-v0"], ["--env-id=popgym-NoSuchTaskEasy-v0", "not a POPGym id"]),
+        (["--env-id", PENDULUM], [f"--env-id={PENDULUM}", "Box(-2.0, 2.0, (1,), float32) actions", "ppo_continuous.py"]),
+        pytest.param(
+            ["--env-id", "popgym-LabyrinthEscapeEasy-v0"],
+            ["--env-id=popgym-LabyrinthEscapeEasy-v0", "mazelib"],
+            marks=pytest.mark.skipif(popgym.envs.has_mazelib(), reason="mazelib is installed: popgym registers its mazes"),
+        ),
+        (["--env-id", "popgym-RepeatPreviousEasy-v0", "--capture-video"], ["--capture-video", "draws none"]),
         (["--num-minibatches", "3"], ["--num-minibatches=3", "--num-envs=8"]),
         (["--env-id", "Acrobot-v1", "--mask-velocity"], ["--mask-velocity", "CartPole"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
@@ -397,6 +412,7 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+    assert os.listdir(tmp_path) == []  # refused before anything is written: no runs/, no videos/
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
@@ -405,6 +421,120 @@ def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
     torch.save({"script": "ppo_atari", "model": {}}, path)
     result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
     assert_one_line_error(result, f"{flag}={path}", "ppo_atari", "ppo_fsmn_cartpole.py")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# POPGym tasks: one-hot observations, grid actions, episodes that end inside the env, the CLI
+
+
+def one_hot(space: gym.Space, value) -> np.ndarray:
+    """The concatenated one-hot of a Discrete, MultiDiscrete or Tuple observation, written out here."""
+    if isinstance(space, gym.spaces.Discrete):
+        return np.eye(space.n)[int(value) - space.start]
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return np.concatenate([np.eye(n)[v] for n, v in zip(space.nvec, value)])
+    assert isinstance(space, gym.spaces.Tuple), space
+    return np.concatenate([one_hot(part, v) for part, v in zip(space.spaces, value)])
+
+
+@pytest.mark.parametrize(
+    "env_id, raw_space",
+    [
+        ("popgym-RepeatPreviousEasy-v0", gym.spaces.Discrete(4)),
+        ("popgym-CountRecallEasy-v0", gym.spaces.MultiDiscrete([2, 2])),
+        ("popgym-AutoencodeEasy-v0", gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Discrete(4)])),
+    ],
+)
+def test_popgym_observations_reach_the_network_as_their_one_hot_in_float32(env_id, raw_space):
+    """Step the script's env and the raw POPGym env side by side, seeded alike: every observation of the script's env is
+    the one-hot of the raw one, float32, in a flat Box."""
+    env, raw = p.make_env(env_id, 0, False, "", False)(), gym.make(env_id)
+    assert raw.observation_space == raw_space
+    obs, _ = env.reset(seed=0)
+    raw_obs, _ = raw.reset(seed=0)
+    assert env.observation_space == gym.spaces.Box(0.0, 1.0, one_hot(raw_space, raw_obs).shape, np.float32)
+    seen = set()
+    for step in range(40):
+        assert obs.dtype == np.float32
+        np.testing.assert_array_equal(obs, one_hot(raw_space, raw_obs))
+        seen.add(obs.tobytes())
+        obs, *_ = env.step(step % env.action_space.n)
+        raw_obs, *_ = raw.step(step % env.action_space.n)
+    assert len(seen) > 1  # the observations changed: the comparison is not of one constant
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "popgym-PositionOnlyCartPoleEasy-v0"])
+def test_flat_box_observations_are_not_wrapped(env_id):
+    env = p.make_env(env_id, 0, False, "", False)()
+    added = (gym.wrappers.FlattenObservation, gym.wrappers.DtypeObservation, popgym.wrappers.DiscreteAction)
+    assert not isinstance(env, added)  # they would be the outermost wrappers
+    assert env.observation_space == gym.make(env_id).observation_space
+
+
+def test_popgym_grid_actions_become_one_discrete_action_row_by_row():
+    """Battleship's MultiDiscrete([8, 8]) shots become Discrete(64): action 8 r + c fires at row r, column c of the raw
+    env, seeded alike (the same observations and rewards, hits and misses both)."""
+    env_id = "popgym-BattleshipEasy-v0"
+    env, raw = p.make_env(env_id, 0, False, "", False)(), gym.make(env_id)
+    rows, cols = raw.action_space.nvec
+    assert env.action_space == gym.spaces.Discrete(rows * cols)
+    env.reset(seed=0)
+    raw.reset(seed=0)
+    rewards, rng = set(), np.random.default_rng(0)
+    for _ in range(40):
+        row, col = rng.integers(rows), rng.integers(cols)
+        obs, reward, *_ = env.step(row * cols + col)
+        raw_obs, raw_reward, *_ = raw.step(np.array([row, col]))
+        np.testing.assert_array_equal(obs, one_hot(raw.observation_space, raw_obs))
+        assert reward == raw_reward
+        rewards.add(reward)
+    assert len(rewards) > 1
+
+
+@pytest.mark.parametrize(
+    "env_id, ending", [("popgym-RepeatPreviousEasy-v0", "terminated"), ("popgym-BattleshipEasy-v0", "truncated")]
+)
+def test_popgym_episodes_end_inside_the_env_and_only_truncations_bootstrap(in_tmp, monkeypatch, env_id, ending):
+    """POPGym has no TimeLimit: RepeatPrevious terminates its episodes (the deck runs out after 51 steps), Battleship
+    truncates them (64 shots). In the script's loop a terminated step gets no final value, a truncated one its own."""
+    args = p.Args(env_id=env_id, num_envs=2, num_steps=70, total_timesteps=140, num_minibatches=2, progress=False)
+    terminations, truncations, final_values = episode_ends_of_run(monkeypatch, args)
+    assert (terminations if ending == "terminated" else truncations).any()
+    assert not (truncations if ending == "terminated" else terminations).any()
+    assert (final_values[~truncations] == 0).all()
+    assert (final_values[truncations] != 0).all()
+
+
+def test_an_observation_gymnasium_cannot_flatten_is_one_line():
+    class SequenceObservations(gym.Env):  # a variable-length observation: no fixed-size vector holds it
+        observation_space, action_space = gym.spaces.Sequence(gym.spaces.Discrete(2)), gym.spaces.Discrete(2)
+
+    gym.register("SequenceObservations-v0", entry_point=SequenceObservations)
+    with pytest.raises(
+        SystemExit, match=r"^error: --env-id=SequenceObservations-v0 has Sequence\(.*\) observations; [^\n]*flatten"
+    ):
+        p.check_env_args("SequenceObservations-v0", mask_velocity=False)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    "env_id",
+    ["popgym-RepeatPreviousEasy-v0", "popgym-CountRecallEasy-v0", "popgym-AutoencodeEasy-v0", "popgym-BattleshipEasy-v0"],
+)
+def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_id):
+    """Discrete, MultiDiscrete and Tuple observations, Battleship's grid actions: 128 steps per env end an episode in
+    each (Autoencode's takes 103)."""
+    cwd = str(tmp_path)
+    flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    result = run_script(SCRIPT, *flags, "--env-id", env_id, "--total-timesteps", "256", "--save-model", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert ITERATION_TAGS | EPISODE_TAGS <= set(read_scalars(run_dir))
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 256
+    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------------
