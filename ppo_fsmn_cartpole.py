@@ -1,11 +1,14 @@
 """PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
 
-Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of the
-last `--memory-order` hidden states to the current one. Rollouts run it step by step with a per-env memory; training
-replays each env's rollout in one pass from the memory saved at its start, episode boundaries masked.
+Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of
+`--memory-order` past hidden states, `--memory-stride` steps apart, to the current one. Rollouts run it step by step with
+a per-env memory; training replays each env's rollout in one pass from the memory saved at its start, episode
+boundaries masked. POPGym's tasks with discrete actions run too (Morad et al. 2023, arXiv 2303.01859): observations
+one-hot, grid actions numbered.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
+    python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym task (`import popgym` registers them)
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
@@ -31,9 +34,12 @@ if __name__ == "__main__":  # set before the libraries below load, which takes s
 
 import gymnasium as gym
 import numpy as np
+import popgym  # registers the POPGym ids, popgym-<Task><Easy|Medium|Hard>-v0, with gymnasium
 import torch
 import torch.nn as nn
 import tyro
+from popgym.core.env import POPGymEnv
+from popgym.wrappers import DiscreteAction
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -78,7 +84,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment (a gymnasium id with a Discrete action space)"""
+    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task such as popgym-CountRecallEasy-v0"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -120,7 +126,9 @@ class Args:
     num_blocks: int = 2
     """number of FSMN blocks"""
     memory_order: int = 4
-    """number of past hidden states each block remembers (0: the memoryless ablation)"""
+    """number of past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
+    memory_stride: int = 1
+    """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S, a reach of N*S steps"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -166,6 +174,7 @@ class Args:
             ("hidden_dim", self.hidden_dim >= 1, "at least 1"),
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
+            ("memory_stride", self.memory_stride >= 1, "at least 1"),
         ):
             if not accepted:
                 raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
@@ -182,26 +191,49 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
         if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
             space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
+        if isinstance(env.action_space, gym.spaces.MultiDiscrete):  # POPGym's Battleship, MineSweeper: a grid cell
+            # MultiDiscrete([8, 8]) -> Discrete(64) by np.unravel_index. popgym's wrapper takes its own env class, so it
+            # wraps the env itself: `make`'s passive checker is dropped (and no video is lost: these tasks draw no frames)
+            env = DiscreteAction(env.unwrapped)
+        observations = env.observation_space
+        if not (isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1):  # POPGym's cards, counts, grids
+            env = gym.wrappers.FlattenObservation(env)  # Discrete and MultiDiscrete parts one-hot, concatenated, int64
+            env = gym.wrappers.DtypeObservation(env, np.float32)
         return env
 
     return thunk
 
 
-def check_env_args(env_id: str, mask_velocity: bool) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, non-flat observations."""
+def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
+    """One clear line for an env this script cannot run: an unknown id, actions that are neither Discrete nor POPGym's
+    MultiDiscrete, observations gymnasium cannot flatten, a video of an env that draws no frames."""
     if env_id not in gym.registry:
-        raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
+        if env_id.startswith("popgym-Labyrinth") and not popgym.envs.has_mazelib():
+            why = "a POPGym maze, registered only where the package mazelib is installed"
+        elif env_id.startswith("popgym-"):
+            why = "not a POPGym id, popgym-<Task><Easy|Medium|Hard>-v0 (see gymnasium.pprint_registry())"
+        else:
+            why = "not a registered gymnasium id (see gymnasium.pprint_registry())"
+        raise SystemExit(f"error: --env-id={env_id} is {why}")
     env = gym.make(env_id)
     env.close()
     actions, observations = env.action_space, env.observation_space
-    flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
-    if not (isinstance(actions, gym.spaces.Discrete) and flat):
+    popgym_cells = isinstance(actions, gym.spaces.MultiDiscrete) and isinstance(env.unwrapped, POPGymEnv)
+    if not (isinstance(actions, gym.spaces.Discrete) or popgym_cells):
         raise SystemExit(
-            f"error: --env-id={env_id} has {actions} actions and {observations} observations; "
-            f"{SCRIPT}.py needs Discrete actions and a flat Box observation (ppo_continuous.py takes Box actions)"
+            f"error: --env-id={env_id} has {actions} actions; "
+            f"{SCRIPT}.py needs Discrete actions or POPGym's MultiDiscrete ones (ppo_continuous.py takes Box actions)"
+        )
+    if not observations.is_np_flattenable:
+        raise SystemExit(
+            f"error: --env-id={env_id} has {observations} observations; "
+            f"{SCRIPT}.py needs one gymnasium can flatten (Box, Discrete, MultiDiscrete, or a Tuple or Dict of them)"
         )
     if mask_velocity and not env_id.startswith("CartPole"):
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
+    modes = env.metadata.get("render_modes", [])
+    if capture_video and "rgb_array" not in modes:
+        raise SystemExit(f"error: --capture-video needs frames, and --env-id={env_id} draws none (its render modes: {modes})")
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -238,48 +270,54 @@ class FSMNBlock(nn.Module):
     """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence:
 
         h_t = tanh(W_in x_t)                        linear projection of the input
-        m_t = h_t + sum_{i=0..N} a_i * h_{t-i}      memory: causal depthwise conv over time, h_{t-i} = 0 before the episode
+        m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv over time, h_{t-iS} = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
-    The taps start at zero: the block starts memoryless and learns how much of the past to use."""
+    S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. The taps start at zero: the
+    block starts memoryless and learns how much of the past to use."""
 
-    def __init__(self, dim: int, memory_order: int):
+    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1):
         super().__init__()
-        self.memory_order = memory_order
+        self.memory_order, self.memory_stride = memory_order, memory_stride
         self.proj_in = layer_init(nn.Linear(dim, dim))
-        self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-i}
+        self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
         self.proj_out = layer_init(nn.Linear(dim, dim))
         self.norm = nn.LayerNorm(dim)
 
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H); memory: (B, N, H) with memory[:, j] = h_{t-1-j}, already zeroed at episode starts."""
+        """x: (B, H); memory: (B, N*S, H) with memory[:, j] = h_{t-1-j}, already zeroed at episode starts."""
         h = torch.tanh(self.proj_in(x))  # (B, H)
-        window = torch.cat([h.unsqueeze(1), memory], dim=1)  # (B, N+1, H): h_t, h_{t-1}, ..., h_{t-N}
-        m = h + (self.taps * window).sum(dim=1)  # (B, H)
-        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N}
+        window = torch.cat([h.unsqueeze(1), memory], dim=1)  # (B, N*S+1, H): h_t, h_{t-1}, ..., h_{t-N*S}
+        m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H): taps on h_t, h_{t-S}, ..., h_{t-N*S}
+        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N*S}
 
     def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """x: (T, B, H); memory: (B, N, H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent."""
-        # h (T, B, H) is read back from the history: concatenated as a tensor of its own and then used again, it is
-        # miscompiled by torch 2.13's inductor under no_grad (tested against eager)
-        history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)  # (N+T, B, H), oldest first
-        h = history[self.memory_order :]  # h_t = tanh(W_in x_t)
+        """x: (T, B, H); memory: (B, N*S, H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent."""
+        stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span N*S: the oldest tap's lag
+        # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of its own and
+        # then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested against eager)
+        history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)
+        h = history[span:]  # h_t = tanh(W_in x_t)
         # stacked lag first, as unfold's view (T, B, H, N+1) is slower on the CPU (benchmarks/results/fsmn_cartpole.md)
-        windows = torch.stack([history[k : k + len(x)] for k in range(self.memory_order + 1)])  # (N+1, T, B, H): h_{t-N+k}
+        lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]  # h_{t-(N-k)S}, k=0..N
+        windows = torch.stack(lagged)  # (N+1, T, B, H)
         m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
         return self.norm(x + self.proj_out(m))
 
 
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value head (std 1).
-    Its memory is every block's last N hidden states, (L, B, N, H) for L blocks."""
+    Its memory is every block's last N*S hidden states, (L, B, N*S, H) for L blocks (N*S = 0: none)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
+        self.memory_stride = args.memory_stride
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
-        self.blocks = nn.ModuleList(FSMNBlock(args.hidden_dim, args.memory_order) for _ in range(args.num_blocks))
+        self.blocks = nn.ModuleList(
+            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride) for _ in range(args.num_blocks)
+        )
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
@@ -294,10 +332,11 @@ class Agent(nn.Module):
         return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
-        return torch.zeros(len(self.blocks), num_envs, self.memory_order, self.hidden_dim, device=device)  # (L, B, N, H)
+        span = self.memory_order * self.memory_stride  # N*S: the oldest tap's lag
+        return torch.zeros(len(self.blocks), num_envs, span, self.hidden_dim, device=device)  # (L, B, N*S, H)
 
     def get_states(self, x, memory, episode_starts):
-        """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N, H); episode_starts: (B,) bool.
+        """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N*S, H); episode_starts: (B,) bool.
         Returns the features (B, H) and the next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         x, new_memory = torch.tanh(self.embed(x)), []
@@ -319,18 +358,19 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), value, memory
 
     def get_states_sequence(self, x, memory, episode_starts):
-        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N, H) from the rollout's start;
+        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N*S, H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (T, B, H), equal to running `get_states` T times."""
-        # Episode ids: the N remembered steps are episode 0 and every start begins a new id; tap i of step t is used only
-        # if step t-i has step t's id. N=3, T=5, an episode starts at t=2:
+        # Episode ids: the N*S remembered steps are episode 0 and every start begins a new id; tap i of step t is used
+        # only if step t-iS has step t's id. N=3, S=1, T=5, an episode starts at t=2:
         #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
         #   episode id       0   0   0  | 0   0  | 1   1   1
         #   step t=3 reads the window h0 h1 h2 h3 (N+1 = 4 positions) and keeps h2 h3, the ones with id 1
-        n = self.memory_order
+        # With S=2 the window spans N*S+1 = 7 positions and the taps read every second: t=3 reads h-3 h-1 h1 h3, keeps h3
+        span, stride = self.memory_order * self.memory_stride, self.memory_stride
         ids = torch.cumsum(episode_starts.long(), dim=0)  # (T, B)
-        ids = torch.cat([ids.new_zeros(n, ids.shape[1]), ids])  # (N+T, B)
-        windows = ids.unfold(0, n + 1, 1)  # (T, B, N+1): ids of steps t-N .. t
-        same_episode = (windows == ids[n:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()  # (N+1, T, B, 1)
+        ids = torch.cat([ids.new_zeros(span, ids.shape[1]), ids])  # (N*S+T, B)
+        windows = ids.unfold(0, span + 1, 1)[..., ::stride]  # (T, B, N+1): ids of steps t-N*S, t-(N-1)*S, ..., t
+        same_episode = (windows == ids[span:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()  # (N+1, T, B, 1)
         x = torch.tanh(self.embed(x))
         for block, block_memory in zip(self.blocks, memory):
             x = block.sequence(x, block_memory, same_episode)
@@ -518,7 +558,7 @@ def main(args: Args) -> None:
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
         return
-    check_env_args(args.env_id, args.mask_velocity)
+    check_env_args(args.env_id, args.mask_velocity, args.capture_video)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
     # TRY NOT TO MODIFY: run name
@@ -578,7 +618,7 @@ def main(args: Args) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N, H): the running episodes' memory
+    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S, H): the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -629,7 +669,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = memory.clone()  # (L, num_envs, N, H): training replays every sequence from here
+            initial_memory = memory.clone()  # (L, num_envs, N*S, H): training replays every sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:

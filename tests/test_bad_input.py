@@ -41,6 +41,7 @@ KINDS = [
     (["--vf-coef", "-1.0"], "--vf-coef=-1.0"),
     (["--max-grad-norm", "-1.0"], "--max-grad-norm=-1.0"),
     (["--target-kl", "0.0"], "--target-kl=0.0"),
+    (["--memory-stride", "0"], "--memory-stride=0"),
 ]
 
 

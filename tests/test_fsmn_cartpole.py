@@ -1,4 +1,4 @@
-"""ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, and learning."""
+"""ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, POPGym tasks, learning."""
 
 import glob
 import os
@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
+import popgym
 import pytest
 import torch
 from conftest import (
@@ -29,13 +30,16 @@ from conftest import (
 SCRIPT = "ppo_fsmn_cartpole.py"
 p = import_script("ppo_fsmn_cartpole")
 TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+PENDULUM = "popgym-NoisyPositionOnlyPendulumEasy-v0"  # POPGym's continuous-action task
 
 
-def random_agent(memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0) -> "p.Agent":
+def random_agent(memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1) -> "p.Agent":
     """An agent whose memory taps are random (they start at zero, which would hide a wrong tap)."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
-    args = p.Args(memory_order=memory_order, num_blocks=num_blocks, hidden_dim=16, prev_action=False)
+    args = p.Args(
+        memory_order=memory_order, memory_stride=memory_stride, num_blocks=num_blocks, hidden_dim=16, prev_action=False
+    )
     agent = p.Agent(obs_dim, 2, args)
     with torch.no_grad():
         for block in agent.blocks:
@@ -64,17 +68,47 @@ def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.T
 # The FSMN: cached step-by-step inference equals the one-pass sequence, memory taps, episode isolation
 
 
+def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
+    """One FSMN block written as the paper's formula with a plain Python loop over time, for B environments at once:
+    h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-iS} (only steps of the same episode);
+    y_t = LayerNorm(x_t + W_out m_t). xs: T tensors (B, H); starts: (T, B) bool, episode starts."""
+    hs, outputs, episode_begin = [], [], torch.zeros(starts.shape[1], dtype=torch.long)
+    for t, x in enumerate(xs):
+        episode_begin = torch.where(starts[t], t, episode_begin)  # (B,)
+        h = torch.tanh(x @ block.proj_in.weight.T + block.proj_in.bias)
+        hs.append(h)
+        m = h.clone()
+        for i in range(block.memory_order + 1):
+            lag = i * block.memory_stride
+            if t - lag >= 0:
+                m = m + block.taps[i] * hs[t - lag] * (t - lag >= episode_begin).unsqueeze(-1)
+        y = x + m @ block.proj_out.weight.T + block.proj_out.bias
+        outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
+    return outputs
+
+
+def reference_agent(agent, obs: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole network through `reference_block`, from empty memories. obs: (T, B, obs_dim). Returns logits, values."""
+    xs = [torch.tanh(agent.embed(o)) for o in obs]
+    for block in agent.blocks:
+        xs = reference_block(block, xs, starts)
+    hidden = torch.stack(xs)  # (T, B, H)
+    return agent.actor(hidden), agent.critic(hidden).squeeze(-1)
+
+
 @pytest.mark.parametrize("memory_order", [0, 1, 4, 8])
+@pytest.mark.parametrize("memory_stride", [1, 2, 3])
 @pytest.mark.parametrize("num_blocks", [1, 3])
 @pytest.mark.parametrize("lengths", [(1, 1), (5, 12), (20, 20)])
 @pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
-def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths, reset_prob):
+def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_blocks, lengths, reset_prob):
     """Two consecutive rollouts run step by step equal the training pass over each, started from the memory
-    the rollout saved at its start (so the test crosses the boundary between two rollouts)."""
-    agent = random_agent(memory_order, num_blocks)
+    the rollout saved at its start (so the test crosses the boundary between two rollouts), and both equal the plain
+    loop of `reference_block`; the memory holds the last N*S hidden states of every block."""
+    agent = random_agent(memory_order, num_blocks, memory_stride=memory_stride)
     t1, t2 = lengths
     num_envs = 5
-    generator = torch.Generator().manual_seed(memory_order * 100 + num_blocks * 10 + t1)
+    generator = torch.Generator().manual_seed(memory_order * 1000 + memory_stride * 100 + num_blocks * 10 + t1)
     obs = torch.randn(t1 + t2, num_envs, 3, generator=generator)
     starts = torch.rand(t1 + t2, num_envs, generator=generator) < reset_prob
     starts[0] = True  # the very first step begins every episode, as in the script
@@ -82,67 +116,55 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, num_blocks, lengths,
         step_logits, step_values, memories = run_steps(agent, obs, agent.initial_memory(num_envs, "cpu"), starts)
         logits1, values1 = run_sequence(agent, obs[:t1], memories[0], starts[:t1])
         logits2, values2 = run_sequence(agent, obs[t1:], memories[t1], starts[t1:])
+        reference_logits, reference_values = reference_agent(agent, obs, starts)
+    assert memories[-1].shape == (num_blocks, num_envs, memory_order * memory_stride, 16)  # (L, B, N*S, H)
     torch.testing.assert_close(torch.cat([logits1, logits2]), step_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
-
-
-def reference_block(block, xs: list[torch.Tensor], starts: list[bool]) -> list[torch.Tensor]:
-    """One FSMN block, one environment, written as the paper's formula with a plain Python loop:
-    h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-i} (only steps of the same episode);
-    y_t = LayerNorm(x_t + W_out m_t)."""
-    hs, outputs, episode_begin = [], [], 0
-    for t, x in enumerate(xs):
-        if starts[t]:
-            episode_begin = t
-        h = torch.tanh(x @ block.proj_in.weight.T + block.proj_in.bias)
-        hs.append(h)
-        m = h.clone()
-        for i in range(block.memory_order + 1):
-            if t - i >= episode_begin:
-                m = m + block.taps[i] * hs[t - i]
-        y = x + m @ block.proj_out.weight.T + block.proj_out.bias
-        outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
-    return outputs
+    torch.testing.assert_close(step_logits, reference_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(step_values, reference_values, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("memory_order", [0, 2, 6])
-def test_block_matches_the_formula(memory_order):
-    """Tap a_0 weights the current step and a_i the step i back."""
+@pytest.mark.parametrize("memory_stride", [1, 2, 3])
+def test_block_matches_the_formula(memory_order, memory_stride):
+    """Tap a_0 weights the current step and a_i the step i*S back."""
     torch.manual_seed(1)
-    block = p.FSMNBlock(8, memory_order)
+    block, span = p.FSMNBlock(8, memory_order, memory_stride), memory_order * memory_stride
     with torch.no_grad():
         block.taps.copy_(torch.randn_like(block.taps))
-        xs = [torch.randn(8) for _ in range(15)]
-        starts = [t in (0, 4, 5, 11) for t in range(15)]
-        expected = torch.stack(reference_block(block, xs, starts))
-        ids = torch.cumsum(torch.tensor(starts).long(), 0).unsqueeze(1)  # (T, 1)
-        ids = torch.cat([torch.zeros(memory_order, 1, dtype=torch.long), ids])
-        same = (ids.unfold(0, memory_order + 1, 1) == ids[memory_order:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()
-        got = block.sequence(torch.stack(xs).unsqueeze(1), torch.zeros(1, memory_order, 8), same).squeeze(1)
+        xs = [torch.randn(1, 8) for _ in range(15)]
+        starts = torch.tensor([t in (0, 4, 5, 11) for t in range(15)]).unsqueeze(1)  # (T, 1)
+        expected = torch.cat(reference_block(block, xs, starts))
+        ids = torch.cat([torch.zeros(span, 1, dtype=torch.long), torch.cumsum(starts.long(), 0)])  # (N*S+T, 1)
+        lagged = torch.stack([ids[span - i * memory_stride :][:15] for i in reversed(range(memory_order + 1))])  # (N+1, T, 1)
+        same = (lagged == ids[span:]).unsqueeze(-1).float()  # (N+1, T, 1, 1): oldest tap first, as the Agent builds it
+        got = block.sequence(torch.stack(xs), torch.zeros(1, span, 8), same).squeeze(1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def test_memory_reaches_exactly_memory_order_steps_back():
-    """With one block, an observation k steps back changes the output iff k <= memory_order."""
-    agent = random_agent(memory_order=3, num_blocks=1)
-    obs = torch.randn(10, 1, 3)
-    starts = torch.zeros(10, 1, dtype=torch.bool)
+@pytest.mark.parametrize("memory_stride", [1, 2, 3])
+def test_memory_reaches_exactly_memory_order_steps_back(memory_stride):
+    """With one block, an observation k steps back changes the output iff k is one of the taps' lags 0, S, ..., N*S."""
+    agent = random_agent(memory_order=3, num_blocks=1, memory_stride=memory_stride)
+    obs = torch.randn(16, 1, 3)
+    starts = torch.zeros(16, 1, dtype=torch.bool)
     starts[0] = True
     memory = agent.initial_memory(1, "cpu")
     with torch.no_grad():
         base, _ = run_sequence(agent, obs, memory, starts)
-        for k in range(6):
+        for k in range(3 * memory_stride + 3):
             changed = obs.clone()
-            changed[9 - k] += 1.0
+            changed[15 - k] += 1.0
             logits, _ = run_sequence(agent, changed, memory, starts)
-            assert bool((logits[9] - base[9]).abs().max() > 1e-6) == (k <= 3), k
+            assert bool((logits[15] - base[15]).abs().max() > 1e-6) == (k % memory_stride == 0 and k <= 3 * memory_stride), k
 
 
 @pytest.mark.parametrize("memory_order", [1, 8])
-def test_nothing_crosses_an_episode_start(memory_order):
+@pytest.mark.parametrize("memory_stride", [1, 3])
+def test_nothing_crosses_an_episode_start(memory_order, memory_stride):
     """Changing the observations of a finished episode changes nothing from the next episode's first step on,
     in the rollout (cached steps) and in training (one pass), while it does change the finished episode."""
-    agent = random_agent(memory_order, num_blocks=2)
+    agent = random_agent(memory_order, num_blocks=2, memory_stride=memory_stride)
     obs = torch.randn(24, 2, 3)
     starts = torch.zeros(24, 2, dtype=torch.bool)
     starts[0] = True
@@ -195,11 +217,12 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
     assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
 
 
-@pytest.mark.parametrize("prev_action", [False, True])
-def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action):
+@pytest.mark.parametrize("prev_action, memory_stride", [(False, 1), (True, 1), (True, 3)])
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, memory_stride):
     """Training sees the observations (normalised by the same frozen statistics), the previous actions, the memory and
     the episode masks that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
-    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, prev_action=prev_action)
+    flags = dict(prev_action=prev_action, memory_stride=memory_stride)
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
 def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
@@ -286,10 +309,8 @@ def test_vector_env_same_step_autoreset():
     envs.close()
 
 
-def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
-    """Inside the script's own loop: final values are filled exactly at truncated steps, each the critic's value
-    of that episode's final observation with that episode's memory, and episode starts follow the dones."""
-    gym.register("CartPoleShort-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+def episode_ends_of_run(monkeypatch, args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run `main` and return the terminations, truncations and final values that its rollouts gave GAE, (T, B) each."""
     seen = []
     original = p.compute_gae
 
@@ -298,8 +319,16 @@ def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
         return original(rewards, values, terminations, truncations, final_values, next_value, gamma, gae_lambda)
 
     monkeypatch.setattr(p, "compute_gae", spy)
-    p.main(p.Args(env_id="CartPoleShort-v1", num_envs=4, num_steps=40, total_timesteps=320, num_minibatches=2, progress=False))
-    terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
+    p.main(args)
+    return tuple(torch.cat(x) for x in zip(*seen))
+
+
+def test_rollout_bootstraps_truncations_only(in_tmp, monkeypatch):
+    """Inside the script's own loop: final values are filled exactly at truncated steps, each the critic's value
+    of that episode's final observation with that episode's memory, and episode starts follow the dones."""
+    gym.register("CartPoleShort-v1", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=12)
+    args = p.Args(env_id="CartPoleShort-v1", num_envs=4, num_steps=40, total_timesteps=320, num_minibatches=2, progress=False)
+    terminations, truncations, final_values = episode_ends_of_run(monkeypatch, args)
     assert truncations.any() and terminations.any()
     assert (final_values[~truncations] == 0).all()
     assert (final_values[truncations & ~terminations] != 0).all()
@@ -387,7 +416,14 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], ["--env-id=NoSuchEnv-v0", "pprint_registry"]),
         (["--env-id", "Pendulum-v1"], ["--env-id=Pendulum-v1", "Discrete"]),
-        (["--env-id", "Blackjack-v1"], ["--env-id=Blackjack-v1", "flat Box observation"]),
+        (["--env-id", "popgym-NoSuchTaskEasy-v0"], ["--env-id=popgym-NoSuchTaskEasy-v0", "not a POPGym id"]),
+        (["--env-id", PENDULUM], [f"--env-id={PENDULUM}", "Box(-2.0, 2.0, (1,), float32) actions", "ppo_continuous.py"]),
+        pytest.param(
+            ["--env-id", "popgym-LabyrinthEscapeEasy-v0"],
+            ["--env-id=popgym-LabyrinthEscapeEasy-v0", "mazelib"],
+            marks=pytest.mark.skipif(popgym.envs.has_mazelib(), reason="mazelib is installed: popgym registers its mazes"),
+        ),
+        (["--env-id", "popgym-RepeatPreviousEasy-v0", "--capture-video"], ["--capture-video", "draws none"]),
         (["--num-minibatches", "3"], ["--num-minibatches=3", "--num-envs=8"]),
         (["--env-id", "Acrobot-v1", "--mask-velocity"], ["--mask-velocity", "CartPole"]),
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
@@ -397,6 +433,7 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
+    assert os.listdir(tmp_path) == []  # refused before anything is written: no runs/, no videos/
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
@@ -405,6 +442,120 @@ def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
     torch.save({"script": "ppo_atari", "model": {}}, path)
     result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
     assert_one_line_error(result, f"{flag}={path}", "ppo_atari", "ppo_fsmn_cartpole.py")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# POPGym tasks: one-hot observations, grid actions, episodes that end inside the env, the CLI
+
+
+def one_hot(space: gym.Space, value) -> np.ndarray:
+    """The concatenated one-hot of a Discrete, MultiDiscrete or Tuple observation, written out here."""
+    if isinstance(space, gym.spaces.Discrete):
+        return np.eye(space.n)[int(value) - space.start]
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return np.concatenate([np.eye(n)[v] for n, v in zip(space.nvec, value)])
+    assert isinstance(space, gym.spaces.Tuple), space
+    return np.concatenate([one_hot(part, v) for part, v in zip(space.spaces, value)])
+
+
+@pytest.mark.parametrize(
+    "env_id, raw_space",
+    [
+        ("popgym-RepeatPreviousEasy-v0", gym.spaces.Discrete(4)),
+        ("popgym-CountRecallEasy-v0", gym.spaces.MultiDiscrete([2, 2])),
+        ("popgym-AutoencodeEasy-v0", gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Discrete(4)])),
+    ],
+)
+def test_popgym_observations_reach_the_network_as_their_one_hot_in_float32(env_id, raw_space):
+    """Step the script's env and the raw POPGym env side by side, seeded alike: every observation of the script's env is
+    the one-hot of the raw one, float32, in a flat Box."""
+    env, raw = p.make_env(env_id, 0, False, "", False)(), gym.make(env_id)
+    assert raw.observation_space == raw_space
+    obs, _ = env.reset(seed=0)
+    raw_obs, _ = raw.reset(seed=0)
+    assert env.observation_space == gym.spaces.Box(0.0, 1.0, one_hot(raw_space, raw_obs).shape, np.float32)
+    seen = set()
+    for step in range(40):
+        assert obs.dtype == np.float32
+        np.testing.assert_array_equal(obs, one_hot(raw_space, raw_obs))
+        seen.add(obs.tobytes())
+        obs, *_ = env.step(step % env.action_space.n)
+        raw_obs, *_ = raw.step(step % env.action_space.n)
+    assert len(seen) > 1  # the observations changed: the comparison is not of one constant
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "popgym-PositionOnlyCartPoleEasy-v0"])
+def test_flat_box_observations_are_not_wrapped(env_id):
+    env = p.make_env(env_id, 0, False, "", False)()
+    added = (gym.wrappers.FlattenObservation, gym.wrappers.DtypeObservation, popgym.wrappers.DiscreteAction)
+    assert not isinstance(env, added)  # they would be the outermost wrappers
+    assert env.observation_space == gym.make(env_id).observation_space
+
+
+def test_popgym_grid_actions_become_one_discrete_action_row_by_row():
+    """Battleship's MultiDiscrete([8, 8]) shots become Discrete(64): action 8 r + c fires at row r, column c of the raw
+    env, seeded alike (the same observations and rewards, hits and misses both)."""
+    env_id = "popgym-BattleshipEasy-v0"
+    env, raw = p.make_env(env_id, 0, False, "", False)(), gym.make(env_id)
+    rows, cols = raw.action_space.nvec
+    assert env.action_space == gym.spaces.Discrete(rows * cols)
+    env.reset(seed=0)
+    raw.reset(seed=0)
+    rewards, rng = set(), np.random.default_rng(0)
+    for _ in range(40):
+        row, col = rng.integers(rows), rng.integers(cols)
+        obs, reward, *_ = env.step(row * cols + col)
+        raw_obs, raw_reward, *_ = raw.step(np.array([row, col]))
+        np.testing.assert_array_equal(obs, one_hot(raw.observation_space, raw_obs))
+        assert reward == raw_reward
+        rewards.add(reward)
+    assert len(rewards) > 1
+
+
+@pytest.mark.parametrize(
+    "env_id, ending", [("popgym-RepeatPreviousEasy-v0", "terminated"), ("popgym-BattleshipEasy-v0", "truncated")]
+)
+def test_popgym_episodes_end_inside_the_env_and_only_truncations_bootstrap(in_tmp, monkeypatch, env_id, ending):
+    """POPGym has no TimeLimit: RepeatPrevious terminates its episodes (the deck runs out after 51 steps), Battleship
+    truncates them (64 shots). In the script's loop a terminated step gets no final value, a truncated one its own."""
+    args = p.Args(env_id=env_id, num_envs=2, num_steps=70, total_timesteps=140, num_minibatches=2, progress=False)
+    terminations, truncations, final_values = episode_ends_of_run(monkeypatch, args)
+    assert (terminations if ending == "terminated" else truncations).any()
+    assert not (truncations if ending == "terminated" else terminations).any()
+    assert (final_values[~truncations] == 0).all()
+    assert (final_values[truncations] != 0).all()
+
+
+def test_an_observation_gymnasium_cannot_flatten_is_one_line():
+    class SequenceObservations(gym.Env):  # a variable-length observation: no fixed-size vector holds it
+        observation_space, action_space = gym.spaces.Sequence(gym.spaces.Discrete(2)), gym.spaces.Discrete(2)
+
+    gym.register("SequenceObservations-v0", entry_point=SequenceObservations)
+    with pytest.raises(
+        SystemExit, match=r"^error: --env-id=SequenceObservations-v0 has Sequence\(.*\) observations; [^\n]*flatten"
+    ):
+        p.check_env_args("SequenceObservations-v0", mask_velocity=False)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    "env_id",
+    ["popgym-RepeatPreviousEasy-v0", "popgym-CountRecallEasy-v0", "popgym-AutoencodeEasy-v0", "popgym-BattleshipEasy-v0"],
+)
+def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_id):
+    """Discrete, MultiDiscrete and Tuple observations, Battleship's grid actions: 128 steps per env end an episode in
+    each (Autoencode's takes 103)."""
+    cwd = str(tmp_path)
+    flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    result = run_script(SCRIPT, *flags, "--env-id", env_id, "--total-timesteps", "256", "--save-model", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert ITERATION_TAGS | EPISODE_TAGS <= set(read_scalars(run_dir))
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 256
+    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------------
