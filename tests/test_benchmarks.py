@@ -319,6 +319,35 @@ def test_runner_on_a_local_ray_instance(tmp_path):
 
 
 @pytest.mark.smoke
+def test_popgym_preset_on_one_task(tmp_path):
+    """The popgym preset's three configs on one task, tiny: the FSMN, its ablation and the LSTM on the same flattened
+    observation, and a report with POPGym's MMER."""
+    flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
+    result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 1024", "--workers", "2", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in (tmp_path / "popgym.md").read_text().splitlines() if line.startswith("| popgym-")]
+    names = [row.split("|")[1].strip() for row in rows]
+    assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in ("fsmn", "fsmn_m0", "sb3_recurrent_ppo")]
+    assert "| final return | MMER |" in (tmp_path / "popgym.md").read_text()
+
+
+def test_preset_configs_filter(monkeypatch):
+    import run as runner
+
+    monkeypatch.setattr(runner.sys, "argv", ["run.py"])
+    runs, extra, _ = runner.plan(runner.Args(preset="atari-pong", configs=["atari_bf16"]))
+    assert [(c.name, s) for c, s in runs] == [("atari_bf16", 1)]
+    assert extra == ["--total-timesteps", "1500000"]
+    with pytest.raises(SystemExit, match="--configs=nope not in preset atari-pong"):
+        runner.plan(runner.Args(preset="atari-pong", configs=["nope"]))
+    monkeypatch.setattr(runner.sys, "argv", ["run.py", "--seeds", "4", "5"])  # seeds given: the preset's are replaced
+    runs, _, _ = runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5"], seeds=[4, 5]))
+    assert [(runner.env_of(c), s) for c, s in runs] == [("Hopper-v5", 4), ("Hopper-v5", 5)]
+    with pytest.raises(SystemExit, match="--env-ids=Ant-v5 not in preset continuous-mujoco: HalfCheetah-v5, Hopper-v5"):
+        runner.plan(runner.Args(preset="continuous-mujoco", env_ids=["Hopper-v5", "Ant-v5"]))
+
+
+@pytest.mark.smoke
 def test_sps_pair_against_an_earlier_commit(tmp_path):
     """sps.py runs the peer, the script and the script as it was at a git commit, alternating, and writes the table
     with each ratio under the working folder; an unknown commit or variant is one line."""
