@@ -178,7 +178,7 @@ TINY = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --
 def test_runner_runs_skips_and_writes_only_under_its_folder(tmp_path):
     """A user's first small sweep of a preset, as in the README, with no --out: everything lands under
     benchmark_runs/<preset>/ in the working folder (the report too), and the repository is left as it was."""
-    flags = ["--preset", "fsmn-cartpole", "--configs", "fsmn_m4", "sb3_recurrent_ppo_novel", "--seeds", "1"]
+    flags = ["--preset", "fsmn-cartpole", "--configs", "fsmn_m4", "--seeds", "1", "2"]
     extra = "--extra=--total-timesteps 512"
     with repository_unchanged():
         result = run_script("benchmarks/run.py", *flags, extra, "--workers", "2", cwd=str(tmp_path))
@@ -351,7 +351,7 @@ def test_preset_configs_filter(monkeypatch):
 def test_sps_pair_against_an_earlier_commit(tmp_path):
     """sps.py runs the peer, the script and the script as it was at a git commit, alternating, and writes the table
     with each ratio under the working folder; an unknown commit or variant is one line."""
-    flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "2048", "--variants", "eager"]
+    flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "1024", "--variants", "eager"]
     with repository_unchanged():
         result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -378,7 +378,7 @@ def test_sps_says_when_the_machine_was_busy(tmp_path):
         load = sps.OtherLoad()
         time.sleep(1.0)
         assert load.cores() >= 0.5  # the spinner, not this process's sleep
-        flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "2048", "--variants", "eager"]
+        flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "1024", "--variants", "eager"]
         result = run_script("benchmarks/sps.py", *flags, "--out-dir", str(tmp_path), cwd=str(tmp_path))
     finally:
         spinner.kill()
