@@ -249,7 +249,8 @@ def write_report(args: Args) -> tuple[str, str]:
     for name in names:
         s = summarize(configs[name], args.threshold, args.window)
         cells = [name, str(len(s["seeds"]))] + ([spread(s["steps_to"]), spread(s["wall_to"])] if threshold else [])
-        cells += [spread(s["final"], "{:.1f}")] + ([spread(s["mmer"], "{:.3f}")] if args.mmer else [])
+        returns = "{:.3f}" if args.mmer else "{:.1f}"  # POPGym's returns lie in [-1, 1]
+        cells += [spread(s["final"], returns)] + ([spread(s["mmer"], returns)] if args.mmer else [])
         cells += [spread(s["total_steps"]), spread(s["sps"]), spread(s["wall"])]
         lines.append("| " + " | ".join(cells) + " |")
         env_id, exp_name = name.split("__")

@@ -6,6 +6,7 @@
     python benchmarks/sps.py --pair atari-pong-gpu --repeats 1      # on a GPU: eager, --cudagraphs, --compile, ...
     python benchmarks/sps.py --pair transformer-pong-gpu --repeats 1  # on a GPU: the transformer against ppo_atari.py
     python benchmarks/sps.py --pair fsmn-cartpole --against 65b7b5a   # also the script as it was at a git commit
+    python benchmarks/sps.py --pair fsmn-memory --repeats 2         # the FSMN's steps/s as its memory reaches further back
 
 Each repeat runs the peer, then the script, as separate processes one after the other (never at once: they
 would share the cores). A run's steps per second is measured from its TensorBoard `charts/SPS` events, over the
@@ -56,6 +57,23 @@ PAIRS = {
         total_timesteps=40_960,
         description="ppo_fsmn_cartpole.py (memory 4, 2 blocks of 64) vs SB3 PPO MlpPolicy (2x64), CartPole-v1, "
         "4 envs x 128 steps, 4 epochs, minibatch 128",
+    ),
+    "fsmn-memory": dict(  # the FSMN's cost as its memory reaches further back: reach = blocks x order x stride
+        script=["ppo_fsmn_cartpole.py", "--env-id", "popgym-RepeatFirstEasy-v0", "--no-progress"],
+        variants={
+            "order 4 (reach 8)": [],
+            "order 4 stride 4 (reach 32)": ["--memory-stride", "4"],
+            "order 16 (reach 32)": ["--memory-order", "16"],
+            "order 8 stride 8 (reach 128)": ["--memory-order", "8", "--memory-stride", "8"],
+            "order 64 (reach 128)": ["--memory-order", "64"],
+            "order 32 stride 4 (reach 256)": ["--memory-order", "32", "--memory-stride", "4"],
+        },
+        peer=["benchmarks/peers.py", "recurrent-ppo", "--env-id", "popgym-RepeatFirstEasy-v0", "--prev-action"]
+        + ["--fsmn-settings"],
+        total_timesteps=40_960,
+        description="ppo_fsmn_cartpole.py (2 blocks of 64) at its defaults with memories of growing reach vs sb3-contrib "
+        "RecurrentPPO (LSTM 64) at the same PPO settings, popgym-RepeatFirstEasy-v0, 8 envs x 64 steps, 10 epochs, "
+        "4 minibatches",
     ),
     "continuous-halfcheetah": dict(
         script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress"],
