@@ -1,14 +1,14 @@
 """PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
 
-Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted sum of
-`--memory-order` past hidden states, `--memory-stride` steps apart, to the current one. Rollouts run it step by step with
-a per-env memory; training replays each env's rollout in one pass from the memory saved at its start, episode
-boundaries masked. POPGym's tasks with discrete actions run too (Morad et al. 2023, arXiv 2303.01859): observations
-one-hot, grid actions numbered.
+Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel
+weighted sum of `--memory-order` past hidden states, `--memory-stride` steps apart, to the current one.
+Rollouts run it step by step with a per-env memory; training replays each env's rollout in one pass from
+the memory saved at its start, episode boundaries masked. POPGym's tasks with discrete actions run too
+(Morad et al. 2023, arXiv 2303.01859): observations one-hot, grid actions numbered.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
-    python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym task (`import popgym` registers them)
+    python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym memory task
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
@@ -84,7 +84,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task such as popgym-CountRecallEasy-v0"""
+    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -126,9 +126,9 @@ class Args:
     num_blocks: int = 2
     """number of FSMN blocks"""
     memory_order: int = 4
-    """number of past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
+    """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
-    """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S, a reach of N*S steps"""
+    """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S steps"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -191,13 +191,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
         if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
             space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
-        if isinstance(env.action_space, gym.spaces.MultiDiscrete):  # POPGym's Battleship, MineSweeper: a grid cell
-            # MultiDiscrete([8, 8]) -> Discrete(64) by np.unravel_index. popgym's wrapper takes its own env class, so it
-            # wraps the env itself: `make`'s passive checker is dropped (and no video is lost: these tasks draw no frames)
+        # POPGym's Battleship, MineSweeper shoot at a grid cell: MultiDiscrete([8, 8]) -> Discrete(64).
+        # popgym's wrapper takes its own env class, so it wraps the env itself (`make`'s passive checker
+        # is dropped; these tasks draw no frames, so no video is lost)
+        if isinstance(env.action_space, gym.spaces.MultiDiscrete):
             env = DiscreteAction(env.unwrapped)
         observations = env.observation_space
-        if not (isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1):  # POPGym's cards, counts, grids
-            env = gym.wrappers.FlattenObservation(env)  # Discrete and MultiDiscrete parts one-hot, concatenated, int64
+        flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
+        if not flat:  # POPGym's cards, counts, grids
+            env = gym.wrappers.FlattenObservation(env)  # Discrete and MultiDiscrete parts one-hot, as int64
             env = gym.wrappers.DtypeObservation(env, np.float32)
         return env
 
@@ -205,7 +207,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_name: str, mask_vel
 
 
 def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
-    """One clear line for an env this script cannot run: an unknown id, actions that are neither Discrete nor POPGym's
+    """One clear line for an env this script cannot run: an unknown id, actions neither Discrete nor POPGym's
     MultiDiscrete, observations gymnasium cannot flatten, a video of an env that draws no frames."""
     if env_id not in gym.registry:
         if env_id.startswith("popgym-Labyrinth") and not popgym.envs.has_mazelib():
@@ -222,18 +224,18 @@ def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False
     if not (isinstance(actions, gym.spaces.Discrete) or popgym_cells):
         raise SystemExit(
             f"error: --env-id={env_id} has {actions} actions; "
-            f"{SCRIPT}.py needs Discrete actions or POPGym's MultiDiscrete ones (ppo_continuous.py takes Box actions)"
+            f"{SCRIPT}.py needs Discrete actions or POPGym's MultiDiscrete ones (Box: ppo_continuous.py)"
         )
     if not observations.is_np_flattenable:
         raise SystemExit(
             f"error: --env-id={env_id} has {observations} observations; "
-            f"{SCRIPT}.py needs one gymnasium can flatten (Box, Discrete, MultiDiscrete, or a Tuple or Dict of them)"
+            f"{SCRIPT}.py needs one gymnasium can flatten (Box, Discrete, MultiDiscrete, Tuple, Dict)"
         )
     if mask_velocity and not env_id.startswith("CartPole"):
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
     modes = env.metadata.get("render_modes", [])
     if capture_video and "rgb_array" not in modes:
-        raise SystemExit(f"error: --capture-video needs frames, and --env-id={env_id} draws none (its render modes: {modes})")
+        raise SystemExit(f"error: --capture-video needs frames; --env-id={env_id} draws none (modes: {modes})")
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -270,7 +272,7 @@ class FSMNBlock(nn.Module):
     """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence:
 
         h_t = tanh(W_in x_t)                        linear projection of the input
-        m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv over time, h_{t-iS} = 0 before the episode
+        m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
     S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. The taps start at zero: the
@@ -288,18 +290,20 @@ class FSMNBlock(nn.Module):
         """x: (B, H); memory: (B, N*S, H) with memory[:, j] = h_{t-1-j}, already zeroed at episode starts."""
         h = torch.tanh(self.proj_in(x))  # (B, H)
         window = torch.cat([h.unsqueeze(1), memory], dim=1)  # (B, N*S+1, H): h_t, h_{t-1}, ..., h_{t-N*S}
-        m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H): taps on h_t, h_{t-S}, ..., h_{t-N*S}
+        # taps on h_t, h_{t-S}, ..., h_{t-N*S}
+        m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H)
         return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N*S}
 
     def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
         """x: (T, B, H); memory: (B, N*S, H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent."""
-        stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span N*S: the oldest tap's lag
-        # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of its own and
-        # then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested against eager)
+        stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span: oldest tap's lag
+        # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of
+        # its own and then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested)
         history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)
         h = history[span:]  # h_t = tanh(W_in x_t)
         # stacked lag first, as unfold's view (T, B, H, N+1) is slower on the CPU (benchmarks/results/fsmn_cartpole.md)
-        lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]  # h_{t-(N-k)S}, k=0..N
+        # lag k of N+1 holds h_{t-(N-k)S}
+        lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]
         windows = torch.stack(lagged)  # (N+1, T, B, H)
         m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
         return self.norm(x + self.proj_out(m))
@@ -336,7 +340,7 @@ class Agent(nn.Module):
         return torch.zeros(len(self.blocks), num_envs, span, self.hidden_dim, device=device)  # (L, B, N*S, H)
 
     def get_states(self, x, memory, episode_starts):
-        """One step for every env. x: (B, input_dim), from `observe`; memory: (L, B, N*S, H); episode_starts: (B,) bool.
+        """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S, H); episode_starts: (B,).
         Returns the features (B, H) and the next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         x, new_memory = torch.tanh(self.embed(x)), []
@@ -360,17 +364,18 @@ class Agent(nn.Module):
     def get_states_sequence(self, x, memory, episode_starts):
         """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N*S, H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (T, B, H), equal to running `get_states` T times."""
-        # Episode ids: the N*S remembered steps are episode 0 and every start begins a new id; tap i of step t is used
-        # only if step t-iS has step t's id. N=3, S=1, T=5, an episode starts at t=2:
+        # Episode ids: the N*S remembered steps are episode 0 and every start begins a new id; tap i of
+        # step t is used only if step t-iS has step t's id. N=3, S=1, T=5, an episode starts at t=2:
         #   position        h-3 h-2 h-1 | h0  h1 | h2  h3  h4
         #   episode id       0   0   0  | 0   0  | 1   1   1
         #   step t=3 reads the window h0 h1 h2 h3 (N+1 = 4 positions) and keeps h2 h3, the ones with id 1
-        # With S=2 the window spans N*S+1 = 7 positions and the taps read every second: t=3 reads h-3 h-1 h1 h3, keeps h3
+        # S=2: the window spans N*S+1 = 7 positions, the taps every second one: t=3 reads h-3 h-1 h1 h3
         span, stride = self.memory_order * self.memory_stride, self.memory_stride
         ids = torch.cumsum(episode_starts.long(), dim=0)  # (T, B)
         ids = torch.cat([ids.new_zeros(span, ids.shape[1]), ids])  # (N*S+T, B)
-        windows = ids.unfold(0, span + 1, 1)[..., ::stride]  # (T, B, N+1): ids of steps t-N*S, t-(N-1)*S, ..., t
-        same_episode = (windows == ids[span:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()  # (N+1, T, B, 1)
+        windows = ids.unfold(0, span + 1, 1)[..., ::stride]  # (T, B, N+1): ids of steps t-N*S, ..., t-S, t
+        # (N+1, T, B, 1): 1 where tap i of step t reads step t's own episode
+        same_episode = (windows == ids[span:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()
         x = torch.tanh(self.embed(x))
         for block, block_memory in zip(self.blocks, memory):
             x = block.sequence(x, block_memory, same_episode)
@@ -618,7 +623,7 @@ def main(args: Args) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S, H): the running episodes' memory
+    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S, H): running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -669,7 +674,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = memory.clone()  # (L, num_envs, N*S, H): training replays every sequence from here
+            initial_memory = memory.clone()  # (L, num_envs, N*S, H): training replays each sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:

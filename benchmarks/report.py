@@ -74,7 +74,7 @@ def load_run(run_dir: str) -> Run | None:
     env_id, exp_name, seed, _ = parts
     files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))  # one per part of a resumed run
     scalars = [read_file_scalars(path) for path in files]
-    events, sps_events = merge_parts([s.get("charts/episodic_return", []) for s in scalars]), []
+    events = merge_parts([s.get("charts/episodic_return", []) for s in scalars])
     if not events:
         return None
     sps_events = merge_parts([s.get("charts/SPS", []) for s in scalars])
