@@ -64,6 +64,7 @@ PAIRS = {
             "order 4 (reach 8)": [],
             "order 4 stride 4 (reach 32)": ["--memory-stride", "4"],
             "order 16 (reach 32)": ["--memory-order", "16"],
+            "order 32 (reach 64)": ["--memory-order", "32"],
             "order 8 stride 8 (reach 128)": ["--memory-order", "8", "--memory-stride", "8"],
             "order 64 (reach 128)": ["--memory-order", "64"],
             "order 32 stride 4 (reach 256)": ["--memory-order", "32", "--memory-stride", "4"],
