@@ -644,8 +644,9 @@ def log_new_videos(wandb_run, video_dir: str, logged: set[str]) -> None:
 
 
 def status(recent_returns: list[float], sps: int) -> str:
-    episodes = f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes)"
-    return f"{episodes if recent_returns else 'no episode finished yet'}, {sps} steps/s"
+    if not recent_returns:
+        return f"no episode finished yet, {sps} steps/s"
+    return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
 
 
 def summarize(
@@ -750,9 +751,6 @@ def main(args: Args) -> None:
     # a resumed run's videos are named from its first step: the earlier part's stay as they are
     video_name = f"rl-video-step-{checkpoint['global_step']}" if checkpoint else "rl-video"
     video_path = os.path.join(video_dir, video_name)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -820,6 +818,9 @@ def main(args: Args) -> None:
     action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # the previous action, unused at a start
 
     # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
