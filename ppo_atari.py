@@ -185,7 +185,8 @@ class Args:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True where unknown."""
+    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
+    unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(f.read().split())
@@ -509,7 +510,7 @@ def cli(argv: list[str] | None = None) -> Args:
         if flag == "--resume" and (value or i + 1 < len(argv)):
             saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
             default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
-    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived again, from the merged flags
+    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
 
 
 def check_names(args: Args) -> None:
@@ -644,8 +645,8 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score as its
-    game ends and return them; with a video_path (folder/name start), record games as training does."""
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
+    as its game ends and return them; with a video_path (folder/name start), record games as training does."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
     action_set = list(envs.unwrapped.ale.get_action_set())
@@ -660,7 +661,7 @@ def evaluate(
         lives = infos["lives"]
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
         game_over = "episode" in infos
-        if video_path:  # env 0's games as the agent sees them, as in training; a game's end shows its final frame
+        if video_path:  # env 0's games as the agent sees them, as in training; a game ends on its final frame
             frames.append((infos["final_obs"] if game_over else obs)[0, -1])
         if game_over:
             scores.append(float(infos["episode"]["r"][0]))
@@ -714,7 +715,7 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
     if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each flag given that differs is named
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
         saved = checkpoint["args"]
         differing = [
             f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
@@ -725,7 +726,8 @@ def main(args: Args) -> None:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
             why = "; ".join(differing) or "no flag differs (another version?)"
-            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape; {why}") from None
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
@@ -782,7 +784,8 @@ def main(args: Args) -> None:
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: cannot create {run_dir} ({e.strerror}); run from a folder you can write to") from None
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
     wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
     # an earlier part's videos, logged then
     logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))

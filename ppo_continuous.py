@@ -230,16 +230,16 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
 def check_env_args(env_id: str) -> None:
     """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat observation.
-    MuJoCo's own warnings go through Python's (each shown once), not to stderr for every env and to ./MUJOCO_LOG.TXT;
-    its deprecation warnings about gymnasium's model files are dropped."""
+    MuJoCo's own warnings go through Python's (each shown once), not to stderr for every env and to
+    ./MUJOCO_LOG.TXT; its deprecation warnings, about gymnasium's model files, are dropped."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     if "mujoco" in str(gym.spec(env_id).entry_point):
-        if not os.environ.get("DISPLAY"):  # no screen: render videos by EGL, unless the user chose another backend
+        if not os.environ.get("DISPLAY"):  # no screen: videos render by EGL, unless another backend is set
             os.environ.setdefault("MUJOCO_GL", "egl")
         import mujoco
 
-        def warn_once(message: str) -> None:  # the deprecations are in gymnasium's own model files, not the user's
+        def warn_once(message: str) -> None:  # deprecations are in gymnasium's model files, not the user's
             if "is deprecated" not in message:
                 warnings.warn(f"MuJoCo: {message}", stacklevel=1)
 
@@ -517,7 +517,7 @@ def cli(argv: list[str] | None = None) -> Args:
         if flag == "--resume" and (value or i + 1 < len(argv)):
             saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
             default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
-    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived again, from the merged flags
+    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
 
 
 def check_names(args: Args) -> None:
@@ -652,8 +652,8 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and return them; with a
-    video_path (folder/name start), record those that RecordVideo's schedule picks."""
+    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and return them;
+    with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     return play(agent, saved_args.env_id, episodes, deterministic, device, seed, video_path, talk=True)
 
@@ -669,8 +669,8 @@ def play(
     video_path: str = "",
     talk: bool = False,
 ) -> list[float]:
-    """Play `episodes` whole episodes (env seeds seed, seed + 1, ...; torch seeded with seed) and return their returns
-    (printed as each ends when `talk`); with a video_path, record them as `evaluate` does."""
+    """Play `episodes` whole episodes (env seeds seed, seed + 1, ...; torch seeded with seed) and return their
+    returns (printed as each ends when `talk`); with a video_path, record them as `evaluate` does."""
     torch.manual_seed(seed)
     env = make_env(env_id, 0, bool(video_path), video_path)()
     returns = []
@@ -734,7 +734,7 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
     if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each flag given that differs is named
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
         saved = checkpoint["args"]
         differing = [
             f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
@@ -745,7 +745,8 @@ def main(args: Args) -> None:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
             why = "; ".join(differing) or "no flag differs (another version?)"
-            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape; {why}") from None
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
@@ -777,7 +778,8 @@ def main(args: Args) -> None:
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: cannot create {run_dir} ({e.strerror}); run from a folder you can write to") from None
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
     wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
     # an earlier part's videos, logged then
     logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
@@ -918,7 +920,8 @@ def main(args: Args) -> None:
                 if not os.path.isfile(best_path) or eval_return > load_checkpoint(best_path, "best.pt")["eval_return"]:
                     best = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
                     save_checkpoint(best_path, {**best, "eval_return": eval_return})
-                    progress.write(f"step {global_step}: eval return {eval_return:.2f}, the best so far: {best_path}")
+                    said = f"eval return {eval_return:.2f}, the best so far: {best_path}"
+                    progress.write(f"step {global_step}: {said}")
 
             # TRY NOT TO MODIFY: periodic checkpoint
             done_iteration = iteration

@@ -574,7 +574,7 @@ def cli(argv: list[str] | None = None) -> Args:
         if flag == "--resume" and (value or i + 1 < len(argv)):
             saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
             default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
-    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived again, from the merged flags
+    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
 
 
 def check_names(args: Args) -> None:
@@ -777,7 +777,7 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
     if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each flag given that differs is named
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
         saved = checkpoint["args"]
         differing = [
             f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
@@ -788,7 +788,8 @@ def main(args: Args) -> None:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
             why = "; ".join(differing) or "no flag differs (another version?)"
-            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape; {why}") from None
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
@@ -824,7 +825,8 @@ def main(args: Args) -> None:
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: cannot create {run_dir} ({e.strerror}); run from a folder you can write to") from None
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
     wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
     # an earlier part's videos, logged then
     logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))

@@ -1,7 +1,9 @@
-"""A run's life as a user meets it, in ppo_fsmn_cartpole.py (the blocks involved are the same in every script): a
-resume from another folder goes on in the checkpoint's own run with its flags, videos and W&B run; evaluation with
-videos and W&B; Ctrl-C twice while W&B closes; a full disk while saving; names that would leave runs/; the end-of-run
-summary, the plain lines of --no-progress and the labelled progress bar; warnings once. W&B runs offline."""
+"""A run's life as a user meets it, in ppo_fsmn_cartpole.py (the blocks involved are the same in every
+script): a resume from another folder goes on in the checkpoint's own run with its flags, videos and W&B run;
+evaluation with videos and W&B; Ctrl-C twice while W&B closes; a full disk while saving; names that would
+leave runs/; the end-of-run summary, the plain lines of --no-progress and the labelled progress bar; warnings
+once.
+W&B runs offline."""
 
 import glob
 import os
@@ -15,7 +17,8 @@ import torch
 from conftest import NO_DISPLAY, ROOT, WANDB_OFFLINE, import_script, read_scalars, run_script, wandb_records
 
 SCRIPT = "ppo_fsmn_cartpole.py"
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--threads", "1"]
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
+TINY += ["--threads", "1"]
 TINY_ARGS = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1, threads=1, cuda=False)
 
 
@@ -32,8 +35,9 @@ def media_videos(offline_run: str) -> list[str]:
 
 
 def interrupt_twice(process: subprocess.Popen, folder) -> tuple[list[str], str, str]:
-    """Once a video has reached the W&B run (videos are sent as they are written), Ctrl-C as a terminal does (to the
-    whole process group), then Ctrl-C again as soon as the run says it stops, while the checkpoint and W&B close.
+    """Once a video has reached the W&B run (videos are sent as they are written), Ctrl-C as a terminal does
+    (to the whole process group), then Ctrl-C again as soon as the run says it stops, while the checkpoint and
+    W&B close.
     Returns the lines up to that one, and the rest of stdout and stderr."""
     try:
         deadline = time.time() + 90
@@ -74,19 +78,22 @@ def test_interrupted_tracked_run_resumed_from_another_folder_then_evaluated_with
     assert "Traceback" not in stderr, stderr
     (run_dir,) = glob.glob(str(first / "runs" / "*"))
     stopped = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
-    assert lines[-1].rstrip().endswith(f"keeping the logs and the checkpoint of iteration {stopped['iteration']}")
+    kept = f"keeping the logs and the checkpoint of iteration {stopped['iteration']}"
+    assert lines[-1].rstrip().endswith(kept), lines[-1]
     (first_run,) = offline_runs(first)
     types = record_types(first_run)
     assert "history" in types and "exit" in types, types  # the W&B run survived the second Ctrl-C
     run_name = os.path.basename(run_dir)
-    first_videos = {path: os.path.getmtime(path) for path in glob.glob(str(first / "videos" / run_name / "*.mp4"))}
+    video_glob = str(first / "videos" / run_name / "*.mp4")
+    first_videos = {path: os.path.getmtime(path) for path in glob.glob(video_glob)}
     assert first_videos
 
-    # from another folder, only the flag that changes: the checkpoint's own run folder, videos and W&B run go on,
-    # with its flags (--save-model, --track and --capture-video too); the earlier checkpoints stay, numbered by step
+    # from another folder, only the flag that changes: the checkpoint's own run folder, videos and W&B run go
+    # on, with its flags (--save-model, --track, --capture-video too); the earlier checkpoints stay, numbered
     checkpoint = os.path.relpath(os.path.join(run_dir, "checkpoint.pt"), other)
     total = stopped["global_step"] + 256
-    result = run_script(SCRIPT, "--resume", checkpoint, "--total-timesteps", str(total), cwd=str(other), env=env)
+    flags = ["--resume", checkpoint, "--total-timesteps", str(total)]
+    result = run_script(SCRIPT, *flags, cwd=str(other), env=env)
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stdout.splitlines() if line.startswith("note: ")] == [
         f"note: --total-timesteps={total} differs from the checkpoint's 10000000"
@@ -96,9 +103,10 @@ def test_interrupted_tracked_run_resumed_from_another_folder_then_evaluated_with
     assert read_scalars(run_dir)["charts/SPS"][-1][0] == total
     assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)["global_step"] == total
     kept = sorted(glob.glob(os.path.join(run_dir, "checkpoint-*.pt")), key=os.path.getmtime)
-    assert [os.path.basename(path) for path in kept] == [f"checkpoint-{total - step}.pt" for step in (256, 128, 0)]
+    kept = [os.path.basename(path) for path in kept]
+    assert kept == [f"checkpoint-{total - step}.pt" for step in (256, 128, 0)], kept
     assert "Overwriting existing videos" not in result.stderr
-    videos = glob.glob(str(first / "videos" / run_name / "*.mp4"))
+    videos = glob.glob(video_glob)
     new_videos = [path for path in videos if path not in first_videos]
     assert new_videos and all(os.path.getmtime(path) == mtime for path, mtime in first_videos.items())
     summary = result.stdout.splitlines()[-3:]  # where it got, the checkpoint, the curves
@@ -106,14 +114,15 @@ def test_interrupted_tracked_run_resumed_from_another_folder_then_evaluated_with
     assert summary[1].startswith(f"checkpoint: {checkpoint} (iteration "), summary
     assert summary[2] == f"tensorboard --logdir {os.path.dirname(checkpoint)}", summary
 
-    # one W&B run in two parts (one id), each part's videos sent once, the code saved from outside the repository
+    # one W&B run in two parts (one id), each part's videos sent once, the code saved from outside the repo
     runs = offline_runs(first)
     assert len(runs) == 2
     (run_record,) = [r.run for r in wandb_records(first_run) if r.WhichOneof("record_type") == "run"]
     assert (run_record.run_group, list(run_record.tags)) == ("sweep-1", ["fsmn", "tiny"])
     assert {run.rsplit("-", 1)[1] for run in runs} == {run_record.run_id}
     resumed_run = next(run for run in runs if run != first_run)
-    assert len(media_videos(first_run)) == len(first_videos) and len(media_videos(resumed_run)) == len(new_videos)
+    assert len(media_videos(first_run)) == len(first_videos)
+    assert len(media_videos(resumed_run)) == len(new_videos)
     code = [r.artifact for r in wandb_records(first_run) if r.WhichOneof("record_type") == "artifact"]
     assert [entry.path for artifact in code for entry in artifact.manifest.contents] == [SCRIPT]
 
@@ -148,8 +157,8 @@ def test_ctrl_c_without_save_model_promises_no_checkpoint(in_tmp, monkeypatch, c
 
 
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(in_tmp, monkeypatch):
-    """The second save fails as torch's zip writer fails on a full disk, after writing part of the file: one line that
-    names the file and the free space, no .tmp left, the first checkpoint intact, a non-zero exit."""
+    """The second save fails as torch's zip writer fails on a full disk, after writing part of the file: one
+    line naming the file and the free space, no .tmp left, the first checkpoint intact, a non-zero exit."""
     script = import_script(SCRIPT[: -len(".py")])
     saves, original = [], torch.save
 
@@ -205,11 +214,13 @@ def test_summary_plain_lines_progress_label_and_the_rounding_warning(in_tmp, mon
     assert len(plain) >= 64 and "step 4: no episode finished yet, " in plain[0], plain[:2]
     assert any("mean return" in line and "episodes)" in line for line in plain)
     (run_dir,) = glob.glob("runs/*")
-    assert lines[-1] == f"tensorboard --logdir {run_dir}" and lines[-2].startswith("step 256: mean return "), lines[-3:]
+    assert lines[-1] == f"tensorboard --logdir {run_dir}", lines[-3:]
+    assert lines[-2].startswith("step 256: mean return "), lines[-3:]
 
     script.main(script.Args(**TINY_ARGS, total_timesteps=256, exp_name="bar"))
     out, err = capsys.readouterr()
-    assert "mean return " in err and "episodes), " in err and "steps/s" in err, err  # the progress bar's label
+    # the progress bar's label
+    assert "mean return " in err and "episodes), " in err and "steps/s" in err, err
     assert not [line for line in out.splitlines() if line.startswith("step ") and "steps/s" in line][:-1]
 
 
@@ -217,7 +228,8 @@ def test_summary_plain_lines_progress_label_and_the_rounding_warning(in_tmp, mon
 def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
     env = {**NO_DISPLAY, "MUJOCO_GL": ""}
     flags = ["--env-id", "HalfCheetah-v5", "--num-envs", "1", "--num-steps", "16", "--num-minibatches", "2"]
-    flags += ["--update-epochs", "1", "--total-timesteps", "16", "--threads", "1", "--capture-video", "--no-progress"]
+    flags += ["--update-epochs", "1", "--total-timesteps", "16", "--threads", "1", "--capture-video"]
+    flags += ["--no-progress"]
     run_env = {k: v for k, v in {**os.environ, **env}.items() if k != "MUJOCO_GL"}
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags],
@@ -235,7 +247,11 @@ def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
 @pytest.mark.parametrize(
     "name, flags, warning",
     [
-        ("ppo_atari", dict(bf16=True, num_envs=2, num_steps=16, total_timesteps=32, num_minibatches=2), "--bf16 on a CPU"),
+        (
+            "ppo_atari",
+            dict(bf16=True, num_envs=2, num_steps=16, total_timesteps=32, num_minibatches=2),
+            "--bf16 on a CPU",
+        ),
         (
             "ppg_lunarlander",
             dict(num_envs=2, num_steps=16, total_timesteps=32, num_minibatches=2, num_aux_rollouts=2),
