@@ -692,7 +692,7 @@ def main(args: Args) -> None:
     run_dir, video_dir, root = run_folders(run_name, args.resume)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint['global_step']}" if checkpoint else "rl-video"
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
     video_path = os.path.join(video_dir, video_name)
 
     # TRY NOT TO MODIFY: seeding
