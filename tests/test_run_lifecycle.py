@@ -40,7 +40,7 @@ def interrupt_twice(process: subprocess.Popen, folder) -> tuple[list[str], str, 
     W&B close.
     Returns the lines up to that one, and the rest of stdout and stderr."""
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 300  # generous: a start-up on a busy machine takes long
         while time.time() < deadline and not any(media_videos(run) for run in offline_runs(folder)):
             time.sleep(0.2)
         assert any(media_videos(run) for run in offline_runs(folder)), "no video reached W&B while training"
