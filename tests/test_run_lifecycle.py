@@ -237,7 +237,7 @@ def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
         env=run_env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "deprecated" not in result.stderr, result.stderr
