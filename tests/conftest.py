@@ -85,6 +85,33 @@ def assert_videos_reached_the_wandb_run(cwd: str) -> None:
     assert videos and len(media) == len(videos), (videos, media)
 
 
+def wandb_records(offline_run: str) -> list:
+    """The records of an offline W&B run's .wandb file (a LevelDB-style log of protobuf records after a 7-byte
+    header), read without wandb's service: a run cut short leaves few or none."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(os.path.join(offline_run, "*.wandb"))
+    data, block, pos, pending, records = open(path, "rb").read(), 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:  # zero padding up to the block's end
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # FULL, FIRST; then MIDDLE, LAST
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     """Bad input: a non-zero exit and a single line on stderr that starts with 'error:' and names the flag."""
     assert result.returncode != 0, result.stdout + result.stderr
