@@ -66,7 +66,8 @@ RESERVED = {"seed", "env-id", "total-timesteps", "exp-name"}  # set by the tuner
 KEYS = ["script", "params", "fixed", "seeds", "total_timesteps", "envs", "objective", "window"]
 KINDS = ["float", "log", "int", "categorical"]
 OBJECTIVES = ["last", "auc", "steps_to"]
-HEARTBEAT = 10  # seconds between a running trial's heartbeats in an RDB storage; 6 missed: stale, run again
+HEARTBEAT = 10  # seconds between a running trial's heartbeats in an RDB storage
+STALE = 60  # seconds without a heartbeat after which a running trial is failed and its flags queued again
 
 PPO_SPACE = {
     "learning-rate": {"type": "log", "low": 1e-4, "high": 3e-3},
@@ -397,6 +398,14 @@ def trial_value(runs: dict, space: dict, percent: float = 100.0) -> float | None
     return None if None in scores else float(np.mean([score for score, _ in scores]))
 
 
+def passed(runs: dict, ended: dict, envs: dict) -> float:
+    """The percent of its budget that every run of a trial has passed: its last episode's step, 100 once it ended."""
+    budget = lambda key: envs[key[0]]["total_timesteps"]  # noqa: E731
+    return min(
+        100.0 if key in ended else 0.0 if run is None else 100.0 * run.steps[-1] / budget(key) for key, run in runs.items()
+    )
+
+
 def follow(
     argv: list[str],
     folder: str | None,
@@ -413,11 +422,6 @@ def follow(
     after which the scripts exit at their next env step, and a kill after `grace` seconds. Self-contained, as Ray
     sends it to its nodes by value (the repository is its working dir there)."""
     repo, temporary = repo or os.getcwd(), folder is None
-    if os.path.join(repo, "benchmarks") not in sys.path:
-        sys.path.insert(0, os.path.join(repo, "benchmarks"))
-    from report import load_run
-    from run import pack
-
     env = dict(os.environ, PYTHONUNBUFFERED="1", **({} if threads is None else {"OMP_NUM_THREADS": str(threads)}))
     with contextlib.ExitStack() as stack:
         folder = folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="tune_"))
@@ -434,18 +438,28 @@ def follow(
             env=env,
             start_new_session=True,  # a Ctrl-C at the terminal reaches the tuner alone, which stops its runs itself
         )
-        pattern = os.path.join(folder, "runs", f"{argv[argv.index('--env-id') + 1]}__{argv[argv.index('--exp-name') + 1]}__*")
-        latest = lambda: next((load_run(path) for path in sorted(glob.glob(pattern))[-1:]), None)  # noqa: E731
         try:
+            if os.path.join(repo, "benchmarks") not in sys.path:  # imported while the script starts
+                sys.path.insert(0, os.path.join(repo, "benchmarks"))
+            from report import load_run
+            from run import pack
+
+            run_name = f"{argv[argv.index('--env-id') + 1]}__{argv[argv.index('--exp-name') + 1]}__*"
+            found = lambda: sorted(glob.glob(os.path.join(folder, "runs", run_name)))[-1:]  # noqa: E731
             while process.poll() is None:
                 time.sleep(poll)
-                yield latest()
+                yield next((load_run(path) for path in found()), None)
             log.write(f"=== exit {process.returncode}\n")
             log.flush()
             with open(log_path, errors="replace") as f:
                 lines = [line.strip() for line in f if line.strip() and not line.startswith("===")]
-            files = pack(folder, [d for d in ("runs", "logs") if os.path.isdir(os.path.join(folder, d))]) if temporary else b""
-            yield {"code": process.returncode, "run": latest(), "error": lines[-1] if lines else "", "files": files}
+            folders = [d for d in ("runs", "logs") if os.path.isdir(os.path.join(folder, d))]
+            yield {
+                "code": process.returncode,
+                "run": next((load_run(path) for path in found()), None),
+                "error": lines[-1] if lines else "",
+                "files": pack(folder, folders) if temporary else b"",
+            }
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)
@@ -485,10 +499,13 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
     def stop(generator) -> None:
         generator.close() if args.backend == "local" else ray.cancel(generator)
 
-    def objective(trial) -> float:
+    def stop_if_asked(trial) -> None:
         if STOP.is_set():
             interrupted.add(trial.number)
             raise Interrupted()
+
+    def objective(trial) -> float:
+        stop_if_asked(trial)
         flags = as_flags(space["fixed"]) + as_flags(sample(trial, space["params"]))
         folder = os.path.join(out, "trials", str(trial.number))
         started = {}
@@ -513,25 +530,17 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
                         error = f"{key[0]} seed {key[1]} exited {item['code']}: {item['error']}"
                         trial.set_user_attr("error", error)
                         raise RunFailed(error)
-                if STOP.is_set():
-                    interrupted.add(trial.number)
-                    raise Interrupted()
-                progress = (
-                    min(
-                        100.0 if key in ended else 100.0 * run.steps[-1] / space["envs"][key[0]]["total_timesteps"]
-                        for key, run in latest.items()
-                        if run is not None or key in ended
-                    )
-                    if all(run is not None or key in ended for key, run in latest.items())
-                    else 0.0
-                )
-                while reported + args.report_every < min(progress, 100.0) + 1e-9 and reported + args.report_every < 100:
-                    reported += args.report_every
-                    if (value := trial_value(latest, space, reported)) is None:
+                stop_if_asked(trial)
+                reached = passed(latest, ended, space["envs"])
+                for percent in range(reported + args.report_every, 100, args.report_every):
+                    if percent > reached:
+                        break
+                    reported = percent
+                    if (value := trial_value(latest, space, percent)) is None:
                         continue
-                    trial.report(value, reported)
+                    trial.report(value, percent)
                     if trial.should_prune():
-                        raise optuna.TrialPruned(f"at {reported}% of the budget")
+                        raise optuna.TrialPruned(f"at {percent}% of the budget")
                 if args.backend == "local" and len(ended) < len(started):
                     STOP.wait(args.poll)
         finally:
@@ -566,7 +575,7 @@ def open_storage(args: Args, out: str):
         return optuna.storages.RDBStorage(
             url,
             heartbeat_interval=HEARTBEAT,
-            grace_period=6 * HEARTBEAT,
+            grace_period=STALE,
             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
         )
     except (sqlalchemy.exc.SQLAlchemyError, ImportError) as e:
@@ -662,7 +671,8 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         wall = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_start and t.datetime_complete else None
         state = t.state.name.lower() + (f" at {max(t.intermediate_values)}%" if t.state == states.PRUNED else "")
         cells = [str(t.number), state, show(t.value), *(show(t.params.get(p)) for p in params)]
-        cells += [show(float(np.mean(values))) if values else "" for values in raw] + [show(wall)]
+        cells += [show(float(np.mean(values))) if values else "" for values in raw]
+        cells.append("" if wall is None else f"{wall:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"![{kind}]({kind})" for kind in paths), ""]
     with open(os.path.join(out_dir, f"{prefix}.md"), "w") as f:
@@ -692,6 +702,7 @@ def main(args: Args) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the tuner prints one line per trial itself
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(args, name, space, open_storage(args, out))
+    optuna.storages.fail_stale_trials(study)  # left running by a killed tuner: failed, and its flags queued again
     os.makedirs(os.path.join(out, "trials"), exist_ok=True)
     states = optuna.trial.TrialState
     finished = lambda: len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED)))  # noqa: E731

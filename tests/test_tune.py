@@ -18,6 +18,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import report  # noqa: E402
 import tune  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
 # four envs of 64 steps an iteration, eight iterations: a trial's run takes seconds
 TINY = {
     "script": "ppo_fsmn_cartpole.py",
@@ -52,6 +54,55 @@ def test_objectives_against_their_definitions():
     value = tune.trial_value({("A", 1): run, ("B", 1): run}, space)
     assert value == pytest.approx((0.75 + (75 + 100) / 200) / 2)
     assert tune.trial_value({("A", 1): run, ("B", 1): None}, space) is None
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
+    """The default SQLite storage has a heartbeat: a trial left running by a killed tuner is failed once it misses it,
+    and its flags are queued again; a path ending in .log is a journal file; anything else is one line."""
+    monkeypatch.setattr(tune, "HEARTBEAT", 1)
+    monkeypatch.setattr(tune, "STALE", 1)
+    args = tune.Args(space="tiny.json")
+    space = tune.check_space(TINY, "tiny.json")
+    study = tune.open_study(args, "tiny", space, tune.open_storage(args, str(tmp_path)))
+    trial = study.ask()
+    trial.suggest_categorical("learning-rate", [0.01, 0.0])
+    study._storage.record_heartbeat(trial._trial_id)
+    time.sleep(2.1)  # SQLite's clock counts whole seconds
+    optuna.storages.fail_stale_trials(study)
+    assert [(t.state.name, t.params) for t in study.trials] == [("FAIL", trial.params), ("WAITING", trial.params)]
+    journal = tune.open_storage(tune.Args(storage=str(tmp_path / "study.log")), str(tmp_path))
+    assert isinstance(journal, optuna.storages.JournalStorage)
+    with pytest.raises(SystemExit, match=r"^error: --storage=study\.db is not a database URL .* or a \.log file$"):
+        tune.open_storage(tune.Args(storage="study.db"), str(tmp_path))
+    with pytest.raises(SystemExit, match=r"^error: --study=tiny exists with another search space"):
+        tune.open_study(args, "tiny", {**space, "seeds": [2]}, study._storage)
+
+
+def test_report_lists_every_trial_and_the_best_command(tmp_path):
+    """The report of a study (made-up trials here): the best flags as a command line, a row per trial with its state,
+    value, flags and raw returns per env, and Optuna's plots, parameter importances among them."""
+    space = tune.check_space({**TINY, "params": {**TINY["params"], "gamma": {"type": "float", "low": 0.9, "high": 1}}}, "s")
+    study = optuna.create_study(direction="maximize")
+    distributions = {
+        "learning-rate": optuna.distributions.CategoricalDistribution([0.01, 0.0]),
+        "gamma": optuna.distributions.FloatDistribution(0.9, 1),
+    }
+    for value, rate, gamma in [(0.2, 0.0, 0.95), (0.5, 0.01, 0.99), (0.4, 0.01, 0.91)]:
+        trial = optuna.trial.create_trial(
+            params={"learning-rate": rate, "gamma": gamma},
+            distributions=distributions,
+            value=value,
+            user_attrs={"raw CartPole-v1 1": value * 500},
+        )
+        study.add_trial(trial)
+    paths = tune.write_report(study, space, tune.Args(), "tiny", str(tmp_path))
+    text = (tmp_path / "tune_tiny.md").read_text()
+    assert "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4 " in text
+    assert "--learning-rate 0.01 --gamma 0.99\n" in text and "Best: trial 1, value 0.5:" in text
+    assert "| trial | state | value | learning-rate | gamma | CartPole-v1 (last) | wall s |" in text
+    assert "| 2 | complete | 0.4 | 0.01 | 0.91 | 200 |" in text
+    assert sorted(os.path.basename(p) for p in paths) == [f"tune_tiny{s}" for s in (".md", "_history.png", "_importances.png")]
 
 
 @pytest.mark.parametrize(
