@@ -1,40 +1,44 @@
-"""Tune a top-level script's flags with Optuna: each trial runs the script through its CLI, once per (env, seed).
+"""Tune a top-level script's flags with Optuna: each trial runs the script through its CLI, per env and seed.
 
-    python benchmarks/tune.py --preset fsmn-cartpole --trials 20             # a small demo, minutes
-    python benchmarks/tune.py --space my_space.yaml --workers 2               # a search space of your own
-    python benchmarks/tune.py --preset continuous --storage postgresql://user@host/tune   # several machines, one study
+    python benchmarks/tune.py --preset fsmn-cartpole --trials 20          # a small demo, minutes
+    python benchmarks/tune.py --space my_space.yaml --workers 2            # a search space of your own
+    python benchmarks/tune.py --preset continuous --storage postgresql://user@host/tune   # several machines
     python benchmarks/tune.py --preset ppg-lunarlander --backend ray --address auto --workers 8
 
-A trial samples the search space (Optuna's TPE sampler), starts its runs at once, and reads each run's
-charts/episodic_return from its TensorBoard events while it runs: the objective on the episodes up to every
---report-every percent of the budget goes to the pruner, which may stop the trial (its runs get one SIGINT, then a
-kill). A trial's value is the mean over its runs of each run's score, normalised per env. The study lives in
-<out>/study.db (SQLite) unless --storage names a database or a journal file: the same command resumes it, and a trial
-left running by a killed tuner is failed and queued again after a minute (Optuna's heartbeat; not with a journal).
-Ctrl-C stops the running trials, marks them failed and queues their flags to run first on resume. <out> (default
-benchmark_runs/tune/<study>) holds each trial's runs and logs in trials/<number>/ and the report, <study>.md: the best
-flags as a command line, every trial, and Optuna's plots as PNGs; --results also writes it into benchmarks/results/.
+A trial samples the space (Optuna's TPE), starts its runs at once and reads their charts/episodic_return from
+their TensorBoard events while they run: its value on the episodes up to every --report-every percent of the
+budget goes to the pruner, which may stop it (its runs get one SIGINT, then a kill). A trial's value is the
+mean of its runs' scores, normalised per env. The study lives in <out>/study.db (SQLite) unless --storage
+names a database or a journal file; the same command resumes it. A trial left running by a killed tuner is
+failed and queued again after a minute (Optuna's heartbeat; not with a journal file); Ctrl-C stops the running
+trials, marks them failed and queues their flags to run first on resume. <out> (default
+benchmark_runs/tune/<study>) holds each trial's runs and logs in trials/<number>/ and the report,
+tune_<study>.md: the best flags as a command line, every trial, and Optuna's plots as PNGs. --results also
+writes them into benchmarks/results/.
 
-Presets (seeds 101 and up, so that a winner can be judged on seeds 1-5, which the study never saw):
-  fsmn-cartpole    ppo_fsmn_cartpole.py on CartPole-v1, 50k steps, one seed: mean return of the last 20 episodes.
-  continuous       ppo_continuous.py on Pendulum-v1 (60k steps) and LunarLanderContinuous-v3 (500k), 2 seeds:
+Presets (seeds from 101, so that a winner can be judged on seeds 1-5, which the study never saw):
+  fsmn-cartpole    ppo_fsmn_cartpole.py, CartPole-v1, 50k steps, one seed: mean of the last 20 returns.
+  continuous       ppo_continuous.py, Pendulum-v1 (60k steps) and LunarLanderContinuous-v3 (500k), 2 seeds:
                    area under the learning curve, normalised per env.
-  ppg-lunarlander  ppg_lunarlander.py on LunarLander-v3, 200k steps, 2 seeds: area under the learning curve.
-A search-space file (YAML, or JSON with the .json extension) has the presets' keys:
-  script: ppo_continuous.py                 # a top-level script of this repository
-  params:                                   # each flag: float, log (log-uniform float), int or categorical
+  ppg-lunarlander  ppg_lunarlander.py, LunarLander-v3, 200k steps, 2 seeds: area under the learning curve.
+
+A search-space file (YAML; JSON if its name ends in .json) has the presets' keys:
+  script: ppo_continuous.py               # a top-level script of this repository
+  params:                                 # each flag: float, log (log-uniform float), int or categorical
     learning-rate: {type: log, low: 1.0e-4, high: 3.0e-3}
-    update-epochs: {type: int, low: 3, high: 15}          # float and int take a step too: {step: 2}
-    gamma: {type: categorical, choices: [0.95, 0.99]}     # a choice "64 64" gives a flag two values
-  fixed: {num-envs: 8, norm-adv: true}      # flags of every run; false gives --no-<flag>
-  seeds: [101, 102]                         # every trial runs each env with each seed
-  total_timesteps: 100000                   # each env's budget unless it gives its own
-  envs:                                     # env id: scores (min, max) to normalise with, budget, threshold
+    update-epochs: {type: int, low: 3, high: 15}        # float and int take a step too: {step: 2}
+    gamma: {type: categorical, choices: [0.95, 0.99]}   # a choice "64 64" gives the flag two values
+  fixed: {num-envs: 8, norm-adv: true}    # flags of every run; false gives --no-<flag>
+  seeds: [101, 102]                       # every trial runs each env with each seed
+  total_timesteps: 100000                 # each env's budget, unless it gives its own
+  envs:                                   # env id: scores [min, max] to normalise by, budget, threshold
     Pendulum-v1: {scores: [-1400, -150], total_timesteps: 60000, threshold: -200}
-  objective: auc                            # last (mean of the last `window` returns), auc, or steps_to
-  window: 20                                # episodes in the mean (steps_to: the moving mean to reach threshold)
-The area under the curve is the mean return over the run's steps; with steps_to, a trial minimises the fraction of
-each env's budget spent before the mean of the last `window` returns reaches its threshold (never: 2).
+  objective: auc                          # last, auc or steps_to
+  window: 20                              # episodes in the mean of the last returns
+
+'last' is the mean of the last `window` returns; 'auc' the area under the learning curve, the mean return over
+the run's steps; 'steps_to' the fraction of the env's budget spent before the mean of the last `window`
+returns reaches its threshold (never: 2), minimised.
 """
 
 import ast
@@ -60,7 +64,7 @@ import numpy as np
 import tyro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
+RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's tracked results: only with --results
 NEVER = 2.0  # steps_to's score of a run that never reaches its threshold: twice its budget
 RESERVED = {"seed", "env-id", "total-timesteps", "exp-name"}  # set by the tuner for every run
 KEYS = ["script", "params", "fixed", "seeds", "total_timesteps", "envs", "objective", "window"]
@@ -105,7 +109,11 @@ PRESETS: dict[str, dict] = {
         total_timesteps=60000,
         envs={
             "Pendulum-v1": {"scores": [-1400, -150], "threshold": -200},
-            "LunarLanderContinuous-v3": {"scores": [-250, 250], "total_timesteps": 500000, "threshold": 200},
+            "LunarLanderContinuous-v3": {
+                "scores": [-250, 250],
+                "total_timesteps": 500000,
+                "threshold": 200,
+            },
         },
         objective="auc",
     ),
@@ -132,28 +140,25 @@ PRESETS: dict[str, dict] = {
 @dataclass
 class Args:
     preset: str | None = None
-    """a named search space (see the module docstring)"""
+    """a named search space (see above)"""
     space: str | None = None
-    """a search-space file, YAML or JSON (see the module docstring), instead of --preset"""
+    """a search-space file, YAML or JSON (see above), instead of --preset"""
     trials: int = 20
-    """stop when the study has this many finished trials (complete or pruned), counting those of earlier runs of the
-    command and of other machines sharing the study; as many failed trials here also stop it"""
+    """stop at this many finished (complete, pruned) trials in the study, or as many failures here"""
     study: str | None = None
-    """the study's name (default: the preset's, or the space file's name without extension)"""
+    """the study's name (default: the preset's, or the space file's name without its extension)"""
     out: str | None = None
-    """the study's folder: trials/<number>/ (each trial's runs and logs), the report and, without --storage, the study
-    (study.db); default benchmark_runs/tune/<study> under the working folder"""
+    """the study's folder: its trials' runs and logs, its report (default benchmark_runs/tune/<study>)"""
     storage: str | None = None
-    """the study's storage, shared by every machine given it: a database URL (sqlite:///path, postgresql://...,
-    mysql://...) or a journal file (a path ending in .log, on a file system the machines share)"""
+    """the study's storage: sqlite:///path, postgresql://..., mysql://..., or a journal file (a .log path)"""
     workers: int = 1
-    """trials at a time from this command; locally, each run gets its share of the cores (OMP_NUM_THREADS, unless set)"""
+    """trials at a time; locally each run gets its share of the cores (OMP_NUM_THREADS, unless set)"""
     pruner: Literal["median", "halving", "none"] = "median"
     """Optuna's MedianPruner, its SuccessiveHalvingPruner (rungs at --warmup, 4x, 16x ... percent), or none"""
     warmup: int = 20
     """percent of the budget before a trial can be pruned (halving: the first rung)"""
     startup_trials: int = 5
-    """trials finished before the pruner prunes and before TPE samples from the results instead of at random"""
+    """trials finished before the pruner prunes and before TPE stops sampling at random"""
     report_every: int = 10
     """percent of the budget between the intermediate values a trial reports to the pruner"""
     poll: float = 5.0
@@ -163,15 +168,15 @@ class Args:
     sampler_seed: int | None = None
     """seed of the TPE sampler (a study on several workers or machines is not repeatable anyway)"""
     backend: Literal["local", "ray"] = "local"
-    """local: processes on this machine; ray: each run a Ray task on a cluster (--address) or a local Ray instance"""
+    """local: processes on this machine; ray: each run a Ray task (on --address, or a local Ray instance)"""
     address: str | None = None
-    """with --backend ray, the address of an existing cluster (e.g. ray://head:10001 or auto); none starts one here"""
+    """with --backend ray, an existing cluster's address (ray://head:10001, or auto on one of its nodes)"""
     cpus_per_run: float = 1.0
     """with --backend ray, CPUs reserved for each run"""
     gpus_per_run: float = 0.0
     """with --backend ray, GPUs reserved for each run"""
     results: bool = False
-    """also write the report into benchmarks/results/ as tune_<study>.md (overwrites the file of that name)"""
+    """also write the report into benchmarks/results/ (overwrites tune_<study>.md and its PNGs there)"""
 
 
 class RunFailed(Exception):
@@ -185,9 +190,9 @@ class Interrupted(Exception):
 STOP = threading.Event()  # set by Ctrl-C (SIGINT) or SIGTERM
 
 
-# ---------------------------------------------------------------------------------------------- the search space
+# ------------------------------------------------------------------------------------------ the search space
 def load_space(args: Args) -> tuple[str, dict]:
-    """The study's name and its search space, checked: bad input is one line naming the key and what it accepts."""
+    """The study's name and its search space, checked: bad input is one line: the key, what it takes."""
     if (args.preset is None) == (args.space is None):
         raise SystemExit(f"error: give one of --preset ({', '.join(PRESETS)}) or --space FILE")
     if args.preset is not None:
@@ -198,14 +203,13 @@ def load_space(args: Args) -> tuple[str, dict]:
         raise SystemExit(f"error: --space={args.space} is not a file")
     import yaml
 
+    is_json = args.space.endswith(".json")
     with open(args.space) as f:
         try:
-            space = json.load(f) if args.space.endswith(".json") else yaml.safe_load(f)
+            space = json.load(f) if is_json else yaml.safe_load(f)
         except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise SystemExit(
-                f"error: --space={args.space} is not valid {'JSON' if args.space.endswith('.json') else 'YAML'}: "
-                + " ".join(str(e).split())
-            ) from None
+            what = f"error: --space={args.space} is not valid {'JSON' if is_json else 'YAML'}"
+            raise SystemExit(f"{what}: {' '.join(str(e).split())}") from None
     name = os.path.splitext(os.path.basename(args.space))[0]
     return args.study or name, check_space(space, args.space)
 
@@ -215,6 +219,8 @@ def check_space(space: Any, origin: str) -> dict:
 
     def refuse(key: str, value: Any, accepts: str):
         raise SystemExit(f"error: {origin}: {key}: {value!r} is not {accepts}")
+
+    plain = lambda value: isinstance(value, bool | int | float | str)  # noqa: E731
 
     def number(key: str, value: Any, integer: bool = False) -> float:
         if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
@@ -240,24 +246,39 @@ def check_space(space: Any, origin: str) -> dict:
             refuse(group, mapping, "a mapping of flags (without --)")
         for flag in mapping:
             if flag not in flags or flag in RESERVED:
-                refuse(f"{group}.{flag}", flag, f"a flag of {space['script']} other than {', '.join(sorted(RESERVED))}")
+                refuse(
+                    f"{group}.{flag}",
+                    flag,
+                    f"a flag of {space['script']} other than {', '.join(sorted(RESERVED))}",
+                )
     if both := set(params) & set(fixed):
-        refuse(f"fixed.{min(both)}", fixed[min(both)], "for a flag in params too (a flag is fixed or tuned, not both)")
+        refuse(
+            f"fixed.{min(both)}",
+            fixed[min(both)],
+            "for a flag in params too (a flag is fixed or tuned, not both)",
+        )
     if not params:
         refuse("params", params, "a mapping of at least one flag to its distribution")
     checked = {}
     for flag, spec in params.items():
         key = f"params.{flag}"
         if not isinstance(spec, dict) or spec.get("type") not in KINDS:
-            refuse(f"{key}.type", spec.get("type") if isinstance(spec, dict) else spec, f"one of {', '.join(KINDS)}")
+            refuse(
+                f"{key}.type",
+                spec.get("type") if isinstance(spec, dict) else spec,
+                f"one of {', '.join(KINDS)}",
+            )
         allowed = ["type", "choices"] if spec["type"] == "categorical" else ["type", "low", "high"]
         allowed += ["step"] if spec["type"] in ("float", "int") else []
         if unknown := [k for k in spec if k not in allowed]:
-            refuse(f"{key}.{unknown[0]}", spec[unknown[0]], f"a key of a {spec['type']} distribution: {', '.join(allowed)}")
+            refuse(
+                f"{key}.{unknown[0]}",
+                spec[unknown[0]],
+                f"a key of a {spec['type']} distribution: {', '.join(allowed)}",
+            )
         if spec["type"] == "categorical":
             choices = spec.get("choices")
-            plain = isinstance(choices, list) and all(isinstance(c, bool | int | float | str) for c in choices)
-            if not plain or not choices:
+            if not isinstance(choices, list) or not choices or not all(map(plain, choices)):
                 refuse(f"{key}.choices", choices, "a non-empty list of numbers, booleans or strings")
             checked[flag] = {"type": "categorical", "choices": choices}
             continue
@@ -274,10 +295,11 @@ def check_space(space: Any, origin: str) -> dict:
                 refuse(f"{key}.step", spec["step"], "a number above 0")
     for flag, value in fixed.items():
         values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, bool | int | float | str) for v in values):
+        if not values or not all(map(plain, values)):
             refuse(f"fixed.{flag}", value, "a number, boolean, string or a list of them")
     seeds = space.get("seeds", [1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds):
+    seed = lambda s: isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32  # noqa: E731
+    if not isinstance(seeds, list) or not seeds or not all(map(seed, seeds)):
         refuse("seeds", seeds, "a non-empty list of integers in [0, 2**32)")
     total = number("total_timesteps", space.get("total_timesteps", 100000), integer=True)
     if total < 1:
@@ -309,10 +331,15 @@ def check_space(space: Any, origin: str) -> dict:
             if not env["scores"][0] < env["scores"][1]:
                 refuse(f"{key}.scores", scores, "a pair [min, max] with min below max")
         elif len(envs) > 1 and objective != "steps_to":
-            refuse(f"{key}.scores", None, "optional with several envs: returns are normalised per env by [min, max]")
+            refuse(
+                f"{key}.scores",
+                None,
+                "optional with several envs: returns are normalised per env by [min, max]",
+            )
         if "total_timesteps" in options:
-            env["total_timesteps"] = number(f"{key}.total_timesteps", options["total_timesteps"], integer=True)
-            if env["total_timesteps"] < 1:
+            budget = number(f"{key}.total_timesteps", options["total_timesteps"], integer=True)
+            env["total_timesteps"] = budget
+            if budget < 1:
                 refuse(f"{key}.total_timesteps", options["total_timesteps"], "at least 1")
         if options.get("threshold") is not None:
             env["threshold"] = number(f"{key}.threshold", options["threshold"])
@@ -331,22 +358,26 @@ def check_space(space: Any, origin: str) -> dict:
 
 
 def script_flags(path: str) -> set[str]:
-    """The flags of a script, read from its `Args` without importing it (derived fields, `init=False`, are no flags)."""
+    """The flags of a script, read from its `Args` without importing it (`init=False` fields are no flags)."""
     with open(path) as f:
         tree = ast.parse(f.read())
     args = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"), None)
-    fields = [s for s in (args.body if args else []) if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
-    return {s.target.id.replace("_", "-") for s in fields if "init=False" not in ast.unparse(s.value or ast.Constant(0))}
+    fields = [s for s in (args.body if args else []) if isinstance(s, ast.AnnAssign)]
+    flags = {ast.unparse(s.target): ast.unparse(s.value) if s.value else "" for s in fields}
+    return {name.replace("_", "-") for name, default in flags.items() if "init=False" not in default}
 
 
 def as_flags(values: dict[str, Any]) -> list[str]:
-    """Command-line flags: true gives --flag, false --no-flag, a list or a string with spaces several values."""
+    """Command-line flags: true gives --flag, false --no-flag, a list (or "a b") several values."""
     argv = []
     for flag, value in values.items():
         if isinstance(value, bool):
             argv.append(f"--{flag}" if value else f"--no-{flag}")
         elif isinstance(value, list) or (isinstance(value, str) and " " in value):
-            argv += [f"--{flag}", *(str(v) for v in (value if isinstance(value, list) else shlex.split(value)))]
+            argv += [
+                f"--{flag}",
+                *(str(v) for v in (value if isinstance(value, list) else shlex.split(value))),
+            ]
         else:
             argv += [f"--{flag}", str(value)]
     return argv
@@ -361,17 +392,17 @@ def sample(trial, params: dict) -> dict[str, Any]:
         elif spec["type"] == "int":
             values[flag] = trial.suggest_int(flag, spec["low"], spec["high"], step=spec.get("step", 1))
         else:
-            log = spec["type"] == "log"
-            values[flag] = trial.suggest_float(flag, spec["low"], spec["high"], log=log, step=spec.get("step"))
+            low, high, step = spec["low"], spec["high"], spec.get("step")
+            values[flag] = trial.suggest_float(flag, low, high, log=spec["type"] == "log", step=step)
     return values
 
 
-# --------------------------------------------------------------------------------------------------- the objective
-def run_score(run, env: dict, objective: str, window: int, percent: float = 100.0) -> tuple[float, float] | None:
-    """(score, raw value) of one run on its episodes up to `percent` of its budget: the mean of the last `window`
-    returns, the mean return over the run's steps (auc), or the fraction of the budget spent before the mean of the
-    last `window` returns first reaches the env's threshold (steps_to). Returns are normalised by the env's scores,
-    (value - min) / (max - min). None while the run has no episode (last, auc)."""
+# --------------------------------------------------------------------------------------------- the objective
+def run_score(run, env: dict, objective: str, window: int, percent: float = 100.0) -> tuple | None:
+    """(score, raw value) of one run on its episodes up to `percent` of its budget: the mean of the last
+    `window` returns, the mean return over the run's steps (auc), or the fraction of the budget spent before
+    the mean of the last `window` returns first reaches the env's threshold (steps_to). Returns are normalised
+    by the env's scores, (value - min) / (max - min). None while the run has no episode (last, auc)."""
     from report import first_reaching
 
     if run is not None:
@@ -379,31 +410,32 @@ def run_score(run, env: dict, objective: str, window: int, percent: float = 100.
         run = replace(run, steps=run.steps[kept], returns=run.returns[kept], wall=run.wall[kept])
     if objective == "steps_to":
         reached = first_reaching(run, env["threshold"], window) if run is not None else None
-        return (reached[0] / env["total_timesteps"], reached[0]) if reached else (NEVER, math.nan)
+        return (reached[0] / env["total_timesteps"], reached[0]) if reached else (NEVER, None)
     if run is None or len(run.returns) == 0:
         return None
     if objective == "last":
         value = float(np.mean(run.returns[-window:]))
     else:
         span = run.steps[-1] - run.steps[0]
-        value = float(np.trapezoid(run.returns, run.steps) / span) if span > 0 else float(np.mean(run.returns))
+        area = np.trapezoid(run.returns, run.steps)
+        value = float(area / span if span else np.mean(run.returns))
     low, high = env["scores"] or (0.0, 1.0)
     return (value - low) / (high - low), value
 
 
 def trial_value(runs: dict, space: dict, percent: float = 100.0) -> float | None:
-    """The mean score of a trial's runs ({(env_id, seed): report.Run or None}); None while one has no score yet."""
+    """The mean score of a trial's runs ({(env_id, seed): report.Run or None}); None until each has one."""
     envs, objective, window = space["envs"], space["objective"], space["window"]
     scores = [run_score(run, envs[env_id], objective, window, percent) for (env_id, _), run in runs.items()]
     return None if None in scores else float(np.mean([score for score, _ in scores]))
 
 
 def passed(runs: dict, ended: dict, envs: dict) -> float:
-    """The percent of its budget that every run of a trial has passed: its last episode's step, 100 once it ended."""
+    """The percent of its budget that every run of a trial has passed: its last episode's step, or 100
+    once it ended."""
     budget = lambda key: envs[key[0]]["total_timesteps"]  # noqa: E731
-    return min(
-        100.0 if key in ended else 0.0 if run is None else 100.0 * run.steps[-1] / budget(key) for key, run in runs.items()
-    )
+    percent = lambda key, run: 0.0 if run is None else 100.0 * run.steps[-1] / budget(key)  # noqa: E731
+    return min(100.0 if key in ended else percent(key, run) for key, run in runs.items())
 
 
 def follow(
@@ -416,13 +448,15 @@ def follow(
     repo: str | None = None,
 ):
     """Run `python <script> <flags>` in `folder` (a temporary one when None, on a Ray node), its output in
-    logs/<name>.log. While it runs, yield its run (report.Run, None before its first episode) every `poll` seconds;
-    when it ends, a dict of its exit code, last run, last log line and, from a temporary folder, its runs/ and logs/ as
-    a tar.gz. Closing the generator (a pruned trial, Ctrl-C; ray.cancel on a node) stops the process: one SIGINT,
-    after which the scripts exit at their next env step, and a kill after `grace` seconds. Self-contained, as Ray
-    sends it to its nodes by value (the repository is its working dir there)."""
+    logs/<name>.log. While it runs, yield its run (report.Run, None before its first episode) every `poll`
+    seconds; when it ends, a dict of its exit code, last run, last log line and, from a temporary folder, its
+    runs/ and logs/ as a tar.gz. Closing the generator (a pruned trial, Ctrl-C; ray.cancel on a node) stops
+    the process: one SIGINT, after which the scripts exit at their next env step, and a kill after `grace`
+    seconds. Self-contained, as Ray sends it to its nodes by value (the repository is its working dir
+    there)."""
     repo, temporary = repo or os.getcwd(), folder is None
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **({} if threads is None else {"OMP_NUM_THREADS": str(threads)}))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update({} if threads is None else {"OMP_NUM_THREADS": str(threads)})
     with contextlib.ExitStack() as stack:
         folder = folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="tune_"))
         os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
@@ -436,7 +470,7 @@ def follow(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # a Ctrl-C at the terminal reaches the tuner alone, which stops its runs itself
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the tuner alone, which stops its runs
         )
         try:
             if os.path.join(repo, "benchmarks") not in sys.path:  # imported while the script starts
@@ -471,8 +505,9 @@ def follow(
 
 
 def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
-    """Optuna's objective: start the trial's runs, report its value at every --report-every percent of the budget
-    that all its runs have passed (pruned: TrialPruned, which stops them), and return the mean score at the end."""
+    """Optuna's objective: start the trial's runs, report its value at every --report-every percent of the
+    budget that all its runs have passed (pruned: TrialPruned, which stops them), and return the mean score at
+    the end."""
     import optuna
     from run import threads_per_run
 
@@ -481,7 +516,8 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
     if args.backend == "ray":
         import ray
 
-        task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run, num_returns="streaming")(follow)
+        resources = dict(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)
+        task = ray.remote(**resources, num_returns="streaming")(follow)
 
     def start(argv: list[str], folder: str, name: str):
         if args.backend == "local":
@@ -512,7 +548,12 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
         for env_id, env in space["envs"].items():
             for seed in space["seeds"]:
                 argv = [space["script"], *flags, "--env-id", env_id, "--seed", str(seed)]
-                argv += ["--total-timesteps", str(env["total_timesteps"]), "--exp-name", f"trial{trial.number}"]
+                argv += [
+                    "--total-timesteps",
+                    str(env["total_timesteps"]),
+                    "--exp-name",
+                    f"trial{trial.number}",
+                ]
                 started[env_id, seed] = start([*argv, "--no-progress"], folder, f"{env_id}__{seed}")
         latest, ended, reported = dict.fromkeys(started), {}, 0
         try:
@@ -559,17 +600,18 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
     return objective
 
 
-# ---------------------------------------------------------------------------------------------- study and report
+# ------------------------------------------------------------------------------------------ study and report
 def open_storage(args: Args, out: str):
-    """Optuna's storage: an RDB (SQLite by default) with a heartbeat, so that a trial left running by a killed tuner is
-    failed and queued again, or a journal file."""
+    """Optuna's storage: an RDB (SQLite by default) with a heartbeat, so that a trial left running by a killed
+    tuner is failed and queued again, or a journal file."""
     import optuna
     import sqlalchemy
 
     url = args.storage or f"sqlite:///{os.path.join(out, 'study.db')}"
     if "://" not in url:
         if not url.endswith(".log"):
-            raise SystemExit(f"error: --storage={url} is not a database URL (sqlite:///path, postgresql://...) or a .log file")
+            accepted = "a database URL (sqlite:///path, postgresql://...) or a .log file"
+            raise SystemExit(f"error: --storage={url} is not {accepted}")
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
     try:
         return optuna.storages.RDBStorage(
@@ -586,11 +628,12 @@ def open_study(args: Args, name: str, space: dict, storage):
     """The study, created or loaded; one made with another search space under this name is refused."""
     import optuna
 
-    pruner = {
-        "median": optuna.pruners.MedianPruner(n_startup_trials=args.startup_trials, n_warmup_steps=args.warmup),
-        "halving": optuna.pruners.SuccessiveHalvingPruner(min_resource=max(args.warmup, args.report_every)),
-        "none": optuna.pruners.NopPruner(),
-    }[args.pruner]
+    if args.pruner == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=args.startup_trials, n_warmup_steps=args.warmup)
+    elif args.pruner == "halving":
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=max(args.warmup, args.report_every))
+    else:
+        pruner = optuna.pruners.NopPruner()
     study = optuna.create_study(
         storage=storage,
         study_name=name,
@@ -603,19 +646,19 @@ def open_study(args: Args, name: str, space: dict, storage):
     if recorded is None:
         study.set_user_attr("space", space)
     elif recorded != json.loads(json.dumps(space)):
-        raise SystemExit(f"error: --study={name} exists with another search space: give another --study or --storage")
+        raise SystemExit(f"error: --study={name} exists with another search space: give another --study")
     return study
 
 
 def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> list[str]:
-    """tune_<study>.md (the study's facts, the best flags as a command line, every trial) and Optuna's plots."""
+    """tune_<study>.md (the study's facts, the best flags as a command line, every trial), Optuna's plots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import optuna
     from optuna.visualization import matplotlib as plots
-    from report import machine
+    from report import machine, spread
 
     prefix = "tune_" + name.replace("-", "_")
     os.makedirs(out_dir, exist_ok=True)
@@ -632,28 +675,36 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
             axes.figure.savefig(os.path.join(out_dir, f"{prefix}_{kind}.png"), dpi=110, bbox_inches="tight")
             plt.close(axes.figure)
             paths.append(f"{prefix}_{kind}.png")
-    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in states if any(t.state == s for t in trials)}
+    counts = [f"{sum(t.state == s for t in trials)} {s.name.lower()}" for s in states]
+    counts = [count for count in counts if not count.startswith("0 ")]
+    tally = f"{len(trials)} trials" + (f" ({', '.join(counts)})" if counts else "")
     ended = [t for t in trials if t.datetime_start and t.datetime_complete]
     seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in ended)
-    span = (max(t.datetime_complete for t in ended) - min(t.datetime_start for t in ended)).total_seconds() if ended else 0
-    measure = {"last": f"the mean return of the last {space['window']} episodes", "auc": "the area under the learning curve"}
-    measure["steps_to"] = f"the fraction of the budget before the mean of the last {space['window']} returns reaches"
-    measure["steps_to"] += f" the threshold (never: {NEVER:g}), minimised"
-    envs = ", ".join(
-        f"{env_id} ({env['total_timesteps']:,} steps"
-        + (f", scores {env['scores'][0]:g} to {env['scores'][1]:g}" if env["scores"] else "")
-        + (f", threshold {env['threshold']:g}" if env["threshold"] is not None else "")
-        + ")"
-        for env_id, env in space["envs"].items()
-    )
+    span = max(t.datetime_complete for t in ended) - min(t.datetime_start for t in ended) if ended else None
+    window = space["window"]
+    measure = {
+        "last": f"the mean return of the last {window} episodes",
+        "auc": "the area under the learning curve (the mean return over the run's steps)",
+        "steps_to": f"the fraction of the budget before the mean of the last {window} returns reaches the"
+        f" threshold (never: {NEVER:g}), minimised",
+    }[space["objective"]]
+    envs = []
+    for env_id, env in space["envs"].items():
+        facts = [f"{env['total_timesteps']:,} steps"]
+        facts += [f"scores {env['scores'][0]:g} to {env['scores'][1]:g}"] if env["scores"] else []
+        facts += [f"threshold {env['threshold']:g}"] if env["threshold"] is not None else []
+        envs.append(f"{env_id} ({', '.join(facts)})")
+    scored = any(env["scores"] for env in space["envs"].values())
+    normalised = "normalised per env by its scores, " if scored else ""
     lines = [
         f"# Tuning {space['script']}: study {name}",
         "",
-        f"{len(trials)} trials ({', '.join(f'{n} {s}' for s, n in counts.items())}); each runs {space['script']} on "
-        f"{envs} with seeds {', '.join(map(str, space['seeds']))}. Objective: {measure[space['objective']]}, "
-        + ("normalised per env by its scores, " if any(env["scores"] for env in space["envs"].values()) else "")
-        + f"averaged over the trial's runs. Pruner: {args.pruner}; sampler: TPE. The trials ran {seconds:,.0f} s in all, "
-        f"{span:,.0f} s from the first start to the last end. Machine: {machine()}; Optuna {optuna.__version__}. "
+        f"{tally}; each runs {space['script']}"
+        f" on {', '.join(envs)} with seeds {', '.join(map(str, space['seeds']))}. Objective: {measure}, "
+        f"{normalised}averaged over the trial's runs. Pruner: {args.pruner}; sampler: TPE. The trials ran "
+        f"{seconds:,.0f} s in all"
+        + (f", {span.total_seconds():,.0f} s from the first start to the last end" if span else "")
+        + f". Machine: {machine()}; Optuna {optuna.__version__}. "
         f"Generated by `python benchmarks/tune.py {shlex.join(sys.argv[1:])}`.",
         "",
     ]
@@ -662,17 +713,20 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         command = shlex.join(["python", space["script"], *as_flags(space["fixed"]), *as_flags(best.params)])
         lines += [f"Best: trial {best.number}, value {best.value:.4g}:", "", "```bash", command, "```", ""]
     params = list(space["params"])
-    header = ["trial", "state", "value", *params, *(f"{env_id} ({space['objective']})" for env_id in space["envs"]), "wall s"]
+    per_env = [f"{env_id} ({space['objective']})" for env_id in space["envs"]]
+    header = ["trial", "state", "value", *params, *per_env, "wall s"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    show = lambda value: "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)  # noqa: E731
+    show = lambda value: f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
     for t in trials:
-        raw = [[t.user_attrs.get(f"raw {env_id} {seed}") for seed in space["seeds"]] for env_id in space["envs"]]
-        raw = [[v for v in values if v is not None] for values in raw]
-        wall = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_start and t.datetime_complete else None
-        state = t.state.name.lower() + (f" at {max(t.intermediate_values)}%" if t.state == states.PRUNED else "")
+        pruned = t.state == states.PRUNED
+        state = t.state.name.lower() + (f" at {max(t.intermediate_values)}%" if pruned else "")
         cells = [str(t.number), state, show(t.value), *(show(t.params.get(p)) for p in params)]
-        cells += [show(float(np.mean(values))) if values else "" for values in raw]
-        cells.append("" if wall is None else f"{wall:.0f}")
+        for env_id in space["envs"]:  # over seeds, as report.py gives them; short of the threshold: never
+            keys = [f"raw {env_id} {seed}" for seed in space["seeds"]]
+            raw = [t.user_attrs[key] for key in keys if key in t.user_attrs]
+            cells.append(spread(raw, "{:.4g}") if raw else "")
+        wall = t.datetime_complete - t.datetime_start if t.datetime_start and t.datetime_complete else None
+        cells.append(f"{wall.total_seconds():.0f}" if wall else "")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"![{kind}]({kind})" for kind in paths), ""]
     with open(os.path.join(out_dir, f"{prefix}.md"), "w") as f:
@@ -702,11 +756,11 @@ def main(args: Args) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the tuner prints one line per trial itself
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(args, name, space, open_storage(args, out))
-    optuna.storages.fail_stale_trials(study)  # left running by a killed tuner: failed, and its flags queued again
+    optuna.storages.fail_stale_trials(study)  # left running by a killed tuner: failed, its flags queued again
     os.makedirs(os.path.join(out, "trials"), exist_ok=True)
     states = optuna.trial.TrialState
-    finished = lambda: len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED)))  # noqa: E731
-    print(f"study {name}: {finished()} of {args.trials} trials finished; its runs in {os.path.join(out, 'trials')}")
+    finished = lambda: len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED)))
+    print(f"study {name}: {finished()} of {args.trials} trials finished; runs in {out}/trials")
     interrupted, failed = set(), []
 
     def after_trial(study, trial) -> None:
@@ -717,9 +771,15 @@ def main(args: Args) -> None:
             return
         if trial.state == states.COMPLETE:
             best = study.best_trial
-            print(f"trial {trial.number}: {trial.value:.4g} (best {best.value:.4g}, trial {best.number})", flush=True)
+            print(
+                f"trial {trial.number}: {trial.value:.4g} (best {best.value:.4g}, trial {best.number})",
+                flush=True,
+            )
         elif trial.state == states.PRUNED:
-            print(f"trial {trial.number} pruned at {max(trial.intermediate_values)}% of the budget", flush=True)
+            print(
+                f"trial {trial.number} pruned at {max(trial.intermediate_values)}% of the budget",
+                flush=True,
+            )
         else:
             failed.append(trial.number)
             print(f"trial {trial.number} failed: {trial.user_attrs.get('error')}", flush=True)
@@ -731,12 +791,14 @@ def main(args: Args) -> None:
 
         per_trial = len(space["envs"]) * len(space["seeds"])
         ray_init(args.address, math.ceil(args.workers * per_trial * args.cpus_per_run))
-    handlers = {s: signal.signal(s, lambda signum, frame: STOP.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C and SIGTERM stop the running trials; their runs, in sessions of their own, get one SIGINT each
+    handlers = {s: signal.signal(s, lambda *_: STOP.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.time()
     try:
         if finished() < args.trials:
             objective = make_objective(args, space, out, interrupted)
-            study.optimize(objective, n_jobs=args.workers, catch=(RunFailed, Interrupted), callbacks=[after_trial])
+            catch = (RunFailed, Interrupted)
+            study.optimize(objective, n_jobs=args.workers, catch=catch, callbacks=[after_trial])
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
@@ -754,4 +816,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, description=__doc__))

@@ -54,11 +54,12 @@ def run_script(
 
 @contextlib.contextmanager
 def repository_unchanged():
-    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after the
-    block as before it: a tool run without --results writes nothing there."""
+    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after
+    the block as before it: a tool run without --results writes nothing there."""
 
     def state():
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        git = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        status = git.stdout
         results = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
         return status, {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in results}
 
@@ -68,8 +69,8 @@ def repository_unchanged():
 
 
 def start_tool(tool: str, flags: list[str], cwd: str) -> subprocess.Popen:
-    """A tool (benchmarks/run.py, tune.py) in a process group of its own, SIGINT at its default (pytest may ignore it),
-    output captured: a test sends it Ctrl-C as a terminal does, with os.killpg."""
+    """A tool (benchmarks/run.py, tune.py) in a process group of its own, SIGINT at its default (pytest may
+    ignore it), output captured: a test sends it Ctrl-C as a terminal does, with os.killpg."""
     return subprocess.Popen(
         [sys.executable, os.path.join(ROOT, tool), *flags],
         cwd=cwd,

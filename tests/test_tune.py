@@ -1,6 +1,6 @@
-"""benchmarks/tune.py: the objectives against their definitions on made-up runs, search spaces refused in one line,
-and tiny studies on CartPole through the CLI: pruned, interrupted with Ctrl-C and resumed, and on a local Ray
-instance."""
+"""benchmarks/tune.py: the objectives against their definitions on made-up runs, search spaces refused in one
+line, storages, the report, and tiny studies on CartPole through the CLI: interrupted with Ctrl-C, resumed and
+pruned, and on a local Ray instance."""
 
 import glob
 import json
@@ -30,6 +30,7 @@ TINY = {
     "envs": {"CartPole-v1": {"scores": [0, 500]}},
 }
 FAST = ["--startup-trials", "1", "--warmup", "0", "--poll", "0.5"]
+COMMAND = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4"
 
 
 def made_up_run(returns: list[float], every: int = 100) -> report.Run:
@@ -38,9 +39,10 @@ def made_up_run(returns: list[float], every: int = 100) -> report.Run:
 
 
 def test_objectives_against_their_definitions():
-    """last: the mean of the last `window` returns; auc: the trapezoid area over the steps, divided by their span;
-    steps_to: the first step at which the mean of the last `window` returns reaches the threshold, as a fraction of
-    the budget (never: 2); returns normalised by (min, max); each on the episodes up to a percent of the budget."""
+    """last: the mean of the last `window` returns; auc: the trapezoid area over the steps, divided by their
+    span; steps_to: the first step at which the mean of the last `window` returns reaches the threshold, as a
+    fraction of the budget (never: 2); returns normalised by (min, max); each on the episodes up to a percent
+    of the budget."""
     run = made_up_run([0, 10, 20, 30, 40, 50, 60, 70, 80, 90])  # steps 100 ... 1000
     env = {"scores": [0, 100], "total_timesteps": 1000, "threshold": 45}
     assert tune.run_score(run, env, "last", 4) == pytest.approx(((60 + 70 + 80 + 90) / 4 / 100, 75))
@@ -58,8 +60,9 @@ def test_objectives_against_their_definitions():
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
-    """The default SQLite storage has a heartbeat: a trial left running by a killed tuner is failed once it misses it,
-    and its flags are queued again; a path ending in .log is a journal file; anything else is one line."""
+    """The default SQLite storage has a heartbeat: a trial left running by a killed tuner is failed once it
+    misses it, and its flags are queued again; a path ending in .log is a journal file; anything else is one
+    line. A study of that name made with another search space is refused."""
     monkeypatch.setattr(tune, "HEARTBEAT", 1)
     monkeypatch.setattr(tune, "STALE", 1)
     args = tune.Args(space="tiny.json")
@@ -70,19 +73,23 @@ def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
     study._storage.record_heartbeat(trial._trial_id)
     time.sleep(2.1)  # SQLite's clock counts whole seconds
     optuna.storages.fail_stale_trials(study)
-    assert [(t.state.name, t.params) for t in study.trials] == [("FAIL", trial.params), ("WAITING", trial.params)]
+    assert [(t.state.name, t.params) for t in study.trials] == [
+        ("FAIL", trial.params),
+        ("WAITING", trial.params),
+    ]
     journal = tune.open_storage(tune.Args(storage=str(tmp_path / "study.log")), str(tmp_path))
     assert isinstance(journal, optuna.storages.JournalStorage)
-    with pytest.raises(SystemExit, match=r"^error: --storage=study\.db is not a database URL .* or a \.log file$"):
+    with pytest.raises(SystemExit, match=r"^error: --storage=study\.db is not a database URL .* \.log file$"):
         tune.open_storage(tune.Args(storage="study.db"), str(tmp_path))
     with pytest.raises(SystemExit, match=r"^error: --study=tiny exists with another search space"):
         tune.open_study(args, "tiny", {**space, "seeds": [2]}, study._storage)
 
 
 def test_report_lists_every_trial_and_the_best_command(tmp_path):
-    """The report of a study (made-up trials here): the best flags as a command line, a row per trial with its state,
-    value, flags and raw returns per env, and Optuna's plots, parameter importances among them."""
-    space = tune.check_space({**TINY, "params": {**TINY["params"], "gamma": {"type": "float", "low": 0.9, "high": 1}}}, "s")
+    """The report of a study (made-up trials here): the best flags as a command line, a row per trial with its
+    state, value, flags and raw returns per env, and Optuna's plots, parameter importances among them."""
+    gamma = {"type": "float", "low": 0.9, "high": 1}
+    space = tune.check_space({**TINY, "params": {**TINY["params"], "gamma": gamma}}, "s")
     study = optuna.create_study(direction="maximize")
     distributions = {
         "learning-rate": optuna.distributions.CategoricalDistribution([0.01, 0.0]),
@@ -98,11 +105,11 @@ def test_report_lists_every_trial_and_the_best_command(tmp_path):
         study.add_trial(trial)
     paths = tune.write_report(study, space, tune.Args(), "tiny", str(tmp_path))
     text = (tmp_path / "tune_tiny.md").read_text()
-    assert "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4 " in text
-    assert "--learning-rate 0.01 --gamma 0.99\n" in text and "Best: trial 1, value 0.5:" in text
+    assert f"{COMMAND} --learning-rate 0.01 --gamma 0.99\n" in text and "Best: trial 1, value 0.5:" in text
     assert "| trial | state | value | learning-rate | gamma | CartPole-v1 (last) | wall s |" in text
     assert "| 2 | complete | 0.4 | 0.01 | 0.91 | 200 |" in text
-    assert sorted(os.path.basename(p) for p in paths) == [f"tune_tiny{s}" for s in (".md", "_history.png", "_importances.png")]
+    written = [f"tune_tiny{end}" for end in (".md", "_history.png", "_importances.png")]
+    assert sorted(os.path.basename(path) for path in paths) == written
 
 
 @pytest.mark.parametrize(
@@ -110,21 +117,54 @@ def test_report_lists_every_trial_and_the_best_command(tmp_path):
     [
         ({"objectiv": "last"}, "objectiv: 'last' is not a key of a search space"),
         ({"script": "nope.py"}, "script: 'nope.py' is not a top-level script: "),
-        ({"params": {"learnin-rate": {"type": "log", "low": 1e-4, "high": 1e-3}}}, "params.learnin-rate: 'learnin-rate'"),
-        ({"params": {"seed": {"type": "int", "low": 1, "high": 3}}}, "other than env-id, exp-name, seed, total-timesteps"),
-        ({"params": {"gamma": {"type": "uniform", "low": 0.9, "high": 1}}}, "params.gamma.type: 'uniform' is not one of"),
-        ({"params": {"gamma": {"type": "float", "low": 0.99, "high": 0.9}}}, "params.gamma.high: 0.9 is not above low"),
-        ({"params": {"gamma": {"type": "log", "low": 0, "high": 0.9}}}, "params.gamma.low: 0.0 is not a number above 0"),
-        ({"params": {"gamma": {"type": "float", "low": "x", "high": 1}}}, "params.gamma.low: 'x' is not a number"),
-        ({"params": {"hidden-dim": {"type": "int", "low": 8.5, "high": 9}}}, "params.hidden-dim.low: 8.5 is not an integer"),
-        ({"params": {"gamma": {"type": "categorical", "choices": []}}}, "params.gamma.choices: [] is not a non-empty"),
+        (
+            {"params": {"learnin-rate": {"type": "log", "low": 1e-4, "high": 1e-3}}},
+            "params.learnin-rate: 'learnin-rate'",
+        ),
+        (
+            {"params": {"seed": {"type": "int", "low": 1, "high": 3}}},
+            "other than env-id, exp-name, seed, total-timesteps",
+        ),
+        (
+            {"params": {"gamma": {"type": "uniform", "low": 0.9, "high": 1}}},
+            "params.gamma.type: 'uniform' is not one of",
+        ),
+        (
+            {"params": {"gamma": {"type": "float", "low": 0.99, "high": 0.9}}},
+            "params.gamma.high: 0.9 is not above low",
+        ),
+        (
+            {"params": {"gamma": {"type": "log", "low": 0, "high": 0.9}}},
+            "params.gamma.low: 0.0 is not a number above 0",
+        ),
+        (
+            {"params": {"gamma": {"type": "float", "low": "x", "high": 1}}},
+            "params.gamma.low: 'x' is not a number",
+        ),
+        (
+            {"params": {"hidden-dim": {"type": "int", "low": 8.5, "high": 9}}},
+            "params.hidden-dim.low: 8.5 is not an integer",
+        ),
+        (
+            {"params": {"gamma": {"type": "categorical", "choices": []}}},
+            "params.gamma.choices: [] is not a non-empty",
+        ),
         ({"fixed": {"learning-rate": 0.1}}, "fixed.learning-rate: 0.1 is not for a flag in params too"),
         ({"seeds": []}, "seeds: [] is not a non-empty list of integers"),
         ({"objective": "best"}, "objective: 'best' is not one of last, auc, steps_to"),
         ({"window": 0}, "window: 0 is not at least 1"),
-        ({"envs": {"CartPole-v1": None, "Acrobot-v1": None}}, "envs.CartPole-v1.scores: None is not optional with several"),
-        ({"envs": {"CartPole-v1": {"scores": [500, 0]}}}, "envs.CartPole-v1.scores: [500, 0] is not a pair [min, max]"),
-        ({"objective": "steps_to"}, "envs.CartPole-v1.threshold: None is not optional with objective steps_to"),
+        (
+            {"envs": {"CartPole-v1": None, "Acrobot-v1": None}},
+            "envs.CartPole-v1.scores: None is not optional with several",
+        ),
+        (
+            {"envs": {"CartPole-v1": {"scores": [500, 0]}}},
+            "envs.CartPole-v1.scores: [500, 0] is not a pair [min, max]",
+        ),
+        (
+            {"objective": "steps_to"},
+            "envs.CartPole-v1.threshold: None is not optional with objective steps_to",
+        ),
     ],
 )
 def test_bad_search_space_is_one_line(change, message):
@@ -135,7 +175,7 @@ def test_bad_search_space_is_one_line(change, message):
 
 @pytest.mark.smoke
 def test_bad_search_space_file_writes_nothing(tmp_path):
-    """Through the CLI: a YAML file with a bad value is one line naming the key; the refused study writes nothing."""
+    """Through the CLI: a YAML file with a bad value is one line naming the key; the study writes nothing."""
     (tmp_path / "space.yaml").write_text(
         "script: ppo_fsmn_cartpole.py\nparams:\n  gamma: {type: log, low: 0.9, high: 1.5}\n"
         "  update-epochs: {type: int, low: 1, high: many}\nenvs: [CartPole-v1]\n"
@@ -152,14 +192,15 @@ def study_states(path: str, name: str) -> list[tuple[str, dict]]:
 
 @pytest.mark.smoke
 def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
-    """A study on CartPole with no --out (it works under benchmark_runs/tune/<study>): a trial that learns, then one
-    that cannot (learning rate 0; both queued), interrupted by Ctrl-C: the tuner stops its run, marks it failed,
-    queues its flags again, writes the report and exits 130 without a traceback. The same command runs the queued
-    flags, and the pruner stops them against the first trial's values at the same steps."""
+    """A study on CartPole with no --out (it works under benchmark_runs/tune/<study>): a trial that learns,
+    then one that cannot (learning rate 0; both queued), interrupted by Ctrl-C: the tuner stops its run, marks
+    it failed, queues its flags again, writes the report and exits 130 without a traceback. The same command
+    runs the queued flags, and the pruner stops them against the first trial's values at the same steps."""
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
     out = tmp_path / "benchmark_runs" / "tune" / "tiny"
     out.mkdir(parents=True)
-    queued = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="tiny", direction="maximize")
+    storage = f"sqlite:///{out / 'study.db'}"
+    queued = optuna.create_study(storage=storage, study_name="tiny", direction="maximize")
     queued.enqueue_trial({"learning-rate": 0.01})
     queued.enqueue_trial({"learning-rate": 0.0})
     flags = ["--space", "tiny.json", "--trials", "2", *FAST]
@@ -175,7 +216,8 @@ def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
                 os.killpg(tuner.pid, signal.SIGKILL)
         assert tuner.returncode == 130, stdout + stderr
         assert "Traceback" not in stderr, stderr
-        assert "trial 0: " in stdout and "trial 1 interrupted: its flags run first when the study resumes" in stdout
+        assert "trial 0: " in stdout
+        assert "trial 1 interrupted: its flags run first when the study resumes" in stdout
         states = study_states(str(out / "study.db"), "tiny")
         assert states == [
             ("COMPLETE", {"learning-rate": 0.01}),
@@ -188,23 +230,37 @@ def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "study tiny: 1 of 2 trials finished" in again.stdout and "trial 2 pruned at" in again.stdout
     states = study_states(str(out / "study.db"), "tiny")
-    assert [state for state, _ in states] == ["COMPLETE", "FAIL", "PRUNED"] and states[2][1] == {"learning-rate": 0.0}
+    assert states[2] == ("PRUNED", {"learning-rate": 0.0})
     text = (out / "tune_tiny.md").read_text()
     assert "3 trials (1 complete, 1 pruned, 1 fail)" in text and "| 2 | pruned at " in text
-    command = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4"
-    assert f"{command} --learning-rate 0.01" in text
+    assert f"{COMMAND} --learning-rate 0.01\n" in text
     for kind in ("history", "intermediate"):
-        assert f"![tune_tiny_{kind}.png](tune_tiny_{kind}.png)" in text and (out / f"tune_tiny_{kind}.png").exists()
+        assert f"![tune_tiny_{kind}.png](tune_tiny_{kind}.png)" in text
+        assert (out / f"tune_tiny_{kind}.png").exists()
     runs = glob.glob(str(out / "trials" / "*" / "runs" / "CartPole-v1__trial*__1__*"))
-    assert sorted(run.split(os.sep)[-3] for run in runs) == ["0", "2"]  # trial 1 stopped before its run began
+    assert sorted(run.split(os.sep)[-3] for run in runs) == [
+        "0",
+        "2",
+    ]  # trial 1 stopped before its run began
 
 
 @pytest.mark.smoke
 def test_study_on_a_local_ray_instance(tmp_path):
-    """--backend ray: each run a Ray task on a local instance, its episodes streamed back while it runs (the trial
-    reports intermediate values), its events and log unpacked into the trial's folder when it ends."""
+    """--backend ray: each run a Ray task on a local instance, its episodes streamed back while it runs (the
+    trial reports intermediate values), its events and log unpacked into the trial's folder when it ends."""
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
-    flags = ["--space", "tiny.json", "--trials", "1", "--pruner", "none", "--backend", "ray", "--out", str(tmp_path)]
+    flags = [
+        "--space",
+        "tiny.json",
+        "--trials",
+        "1",
+        "--pruner",
+        "none",
+        "--backend",
+        "ray",
+        "--out",
+        str(tmp_path),
+    ]
     result = run_script("benchmarks/tune.py", *flags, *FAST, cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 of 1 trials finished" in result.stdout
