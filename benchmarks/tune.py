@@ -76,7 +76,6 @@ STALE = 60  # seconds without a heartbeat after which a running trial is failed 
 PPO_SPACE = {
     "learning-rate": {"type": "log", "low": 1e-4, "high": 3e-3},
     "gae-lambda": {"type": "float", "low": 0.8, "high": 0.99},
-    "update-epochs": {"type": "int", "low": 2, "high": 12},
     "clip-coef": {"type": "float", "low": 0.1, "high": 0.3},
 }
 PRESETS: dict[str, dict] = {
@@ -84,6 +83,7 @@ PRESETS: dict[str, dict] = {
         script="ppo_fsmn_cartpole.py",
         params={
             **PPO_SPACE,
+            "update-epochs": {"type": "int", "low": 2, "high": 12},
             "gamma": {"type": "categorical", "choices": [0.95, 0.98, 0.99, 0.995]},
             "num-minibatches": {"type": "categorical", "choices": [1, 2, 4, 8]},
             "memory-order": {"type": "int", "low": 0, "high": 8},
@@ -98,6 +98,7 @@ PRESETS: dict[str, dict] = {
         script="ppo_continuous.py",
         params={
             **PPO_SPACE,
+            "update-epochs": {"type": "int", "low": 2, "high": 12},
             "gamma": {"type": "categorical", "choices": [0.95, 0.98, 0.99, 0.995, 0.999]},
             "num-steps": {"type": "categorical", "choices": [64, 128, 256, 512]},
             "num-minibatches": {"type": "categorical", "choices": [4, 8, 16, 32]},
@@ -126,6 +127,7 @@ PRESETS: dict[str, dict] = {
             "num-minibatches": {"type": "categorical", "choices": [16, 32, 64, 128]},
             "ent-coef": {"type": "log", "low": 1e-4, "high": 0.03},
             "n-iteration": {"type": "categorical", "choices": [8, 16, 32]},
+            "e-policy": {"type": "int", "low": 1, "high": 3},
             "e-auxiliary": {"type": "int", "low": 2, "high": 8},
             "beta-clone": {"type": "log", "low": 0.3, "high": 3.0},
         },

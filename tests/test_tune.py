@@ -3,6 +3,7 @@ line, storages, the report, and tiny studies on CartPole through the CLI: interr
 pruned, and on a local Ray instance."""
 
 import glob
+import itertools
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 import numpy as np
 import optuna
 import pytest
-from conftest import ROOT, assert_one_line_error, repository_unchanged, run_script, start_tool
+from conftest import ROOT, assert_one_line_error, import_script, repository_unchanged, run_script, start_tool
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import report  # noqa: E402
@@ -110,6 +111,19 @@ def test_report_lists_every_trial_and_the_best_command(tmp_path):
     assert "| 2 | complete | 0.4 | 0.01 | 0.91 | 200 |" in text
     written = [f"tune_tiny{end}" for end in (".md", "_history.png", "_importances.png")]
     assert sorted(os.path.basename(path) for path in paths) == written
+
+
+@pytest.mark.parametrize("preset", tune.PRESETS)
+def test_presets_give_flags_their_script_accepts(preset):
+    """Every preset is a valid search space, and its script accepts every corner of it: each flag at its low and
+    high end (or each choice), all combinations, beside the fixed flags, at the smallest budget."""
+    space = tune.check_space(tune.PRESETS[preset], preset)
+    script = import_script(space["script"][: -len(".py")])
+    corners = [spec.get("choices", [spec.get("low"), spec.get("high")]) for spec in space["params"].values()]
+    budget = min(env["total_timesteps"] for env in space["envs"].values())
+    for values in itertools.product(*corners):
+        flags = {**space["fixed"], **dict(zip(space["params"], values))}
+        script.Args(**{flag.replace("-", "_"): value for flag, value in flags.items()}, total_timesteps=budget)
 
 
 @pytest.mark.parametrize(
