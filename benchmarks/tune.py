@@ -683,6 +683,7 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
     ended = [t for t in trials if t.datetime_start and t.datetime_complete]
     seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in ended)
     span = max(t.datetime_complete for t in ended) - min(t.datetime_start for t in ended) if ended else None
+    steps = sum(env["total_timesteps"] for env in space["envs"].values()) * len(space["seeds"])
     window = space["window"]
     measure = {
         "last": f"the mean return of the last {window} episodes",
@@ -702,7 +703,8 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         f"# Tuning {space['script']}: study {name}",
         "",
         f"{tally}; each runs {space['script']}"
-        f" on {', '.join(envs)} with seeds {', '.join(map(str, space['seeds']))}. Objective: {measure}, "
+        f" on {', '.join(envs)} with seeds {', '.join(map(str, space['seeds']))} ({steps:,} steps a trial)."
+        f" Objective: {measure}, "
         f"{normalised}averaged over the trial's runs. Pruner: {args.pruner}; sampler: TPE. The trials ran "
         f"{seconds:,.0f} s in all"
         + (f", {span.total_seconds():,.0f} s from the first start to the last end" if span else "")
