@@ -549,14 +549,10 @@ def make_objective(args: Args, space: dict, out: str, interrupted: set[int]):
         started = {}
         for env_id, env in space["envs"].items():
             for seed in space["seeds"]:
-                argv = [space["script"], *flags, "--env-id", env_id, "--seed", str(seed)]
-                argv += [
-                    "--total-timesteps",
-                    str(env["total_timesteps"]),
-                    "--exp-name",
-                    f"trial{trial.number}",
-                ]
-                started[env_id, seed] = start([*argv, "--no-progress"], folder, f"{env_id}__{seed}")
+                budget = str(env["total_timesteps"])
+                run = ["--env-id", env_id, "--seed", str(seed), "--total-timesteps", budget]
+                argv = [space["script"], *flags, *run, "--exp-name", f"trial{trial.number}", "--no-progress"]
+                started[env_id, seed] = start(argv, folder, f"{env_id}__{seed}")
         latest, ended, reported = dict.fromkeys(started), {}, 0
         try:
             while len(ended) < len(started):
