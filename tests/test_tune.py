@@ -115,15 +115,16 @@ def test_report_lists_every_trial_and_the_best_command(tmp_path):
 
 @pytest.mark.parametrize("preset", tune.PRESETS)
 def test_presets_give_flags_their_script_accepts(preset):
-    """Every preset is a valid search space, and its script accepts every corner of it: each flag at its low and
-    high end (or each choice), all combinations, beside the fixed flags, at the smallest budget."""
+    """Every preset is a valid search space, and its script accepts every corner of it: each flag at its low
+    and high end (or each choice), all combinations, beside the fixed flags, at the smallest budget."""
     space = tune.check_space(tune.PRESETS[preset], preset)
     script = import_script(space["script"][: -len(".py")])
     corners = [spec.get("choices", [spec.get("low"), spec.get("high")]) for spec in space["params"].values()]
     budget = min(env["total_timesteps"] for env in space["envs"].values())
     for values in itertools.product(*corners):
         flags = {**space["fixed"], **dict(zip(space["params"], values))}
-        script.Args(**{flag.replace("-", "_"): value for flag, value in flags.items()}, total_timesteps=budget)
+        values = {flag.replace("-", "_"): value for flag, value in flags.items()}
+        script.Args(**values, total_timesteps=budget)
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,7 @@ def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
             while tuner.poll() is None and not glob.glob(str(out / "trials" / "1" / "logs" / "*.log")):
                 time.sleep(0.2)
             os.killpg(tuner.pid, signal.SIGINT)
-            stdout, stderr = tuner.communicate(timeout=120)
+            stdout, stderr = tuner.communicate(timeout=600)  # a slow machine: the report still to write
         finally:
             if tuner.poll() is None:
                 os.killpg(tuner.pid, signal.SIGKILL)
