@@ -123,8 +123,8 @@ def test_presets_give_flags_their_script_accepts(preset):
     budget = min(env["total_timesteps"] for env in space["envs"].values())
     for values in itertools.product(*corners):
         flags = {**space["fixed"], **dict(zip(space["params"], values))}
-        values = {flag.replace("-", "_"): value for flag, value in flags.items()}
-        script.Args(**values, total_timesteps=budget)
+        fields = {flag.replace("-", "_"): value for flag, value in flags.items()}
+        script.Args(**fields, total_timesteps=budget)
 
 
 @pytest.mark.parametrize(
