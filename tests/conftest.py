@@ -1,6 +1,8 @@
 """Shared helpers: run a script through its CLI, read its TensorBoard events, import it as a module."""
 
+import contextlib
 import glob
+import hashlib
 import importlib
 import os
 import signal
@@ -47,6 +49,36 @@ def run_script(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def repository_unchanged():
+    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after
+    the block as before it: a tool run without --results writes nothing there."""
+
+    def state():
+        git = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        status = git.stdout
+        results = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
+        return status, {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in results}
+
+    before = state()
+    yield
+    assert state() == before
+
+
+def start_tool(tool: str, flags: list[str], cwd: str) -> subprocess.Popen:
+    """A tool (benchmarks/run.py, tune.py) in a process group of its own, SIGINT at its default (pytest may
+    ignore it), output captured: a test sends it Ctrl-C as a terminal does, with os.killpg."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, tool), *flags],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
