@@ -491,7 +491,7 @@ def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_t
     best_step, best_return = max(logged, key=lambda x: x[1])  # max keeps the first of equal values
     assert best["global_step"] == best_step and best["eval_return"] == pytest.approx(best_return, rel=1e-6)
     improved = [line for line in capsys.readouterr().out.splitlines() if "the best so far" in line]
-    said = f"eval return {best['eval_return']:.2f}, the best so far: {best_path}"
+    said = f"eval return {best['eval_return']:.2f}, the best so far: {os.path.normpath(best_path)}"
     assert improved[-1] == f"step {best_step}: {said}", improved
     replay = p.evaluate(best_path, episodes=2, deterministic=False, device=torch.device("cpu"), seed=1)
     assert float(np.mean(replay)) == best["eval_return"]
