@@ -300,8 +300,8 @@ def test_runner_on_a_local_ray_instance(tmp_path):
 
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
-    """The popgym preset's four configs on one task, tiny: the FSMN at two memory lengths, its ablation and the LSTM on the same flattened
-    observation, and a report with POPGym's MMER."""
+    """The popgym preset's four configs on one task, tiny: the FSMN at two memory lengths, its ablation and the LSTM
+    on the same flattened observation, and a report with POPGym's MMER."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
     result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 1024", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
