@@ -13,12 +13,17 @@ Results: README.md, benchmarks/results/transformer_pong.md."""
 
 import copy
 import glob
+import hashlib
 import math
 import os
 import random
+import re
+import shlex
+import shutil
 import signal
+import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
@@ -44,6 +49,7 @@ from tqdm import tqdm
 
 SCRIPT = "ppo_transformer_pong"
 TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 gym.register_envs(ale_py)
 
 
@@ -64,16 +70,22 @@ class Args:
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
+    wandb_group: str | None = None
+    """the W&B group of the run (W&B groups and averages runs by it)"""
+    wandb_tags: tuple[str, ...] = ()
+    """W&B tags of the run"""
     capture_video: bool = False
     """whether to capture videos of the agent performances (check out `videos` folder)"""
     save_model: bool = False
     """whether to save checkpoints to `runs/{run_name}/checkpoint.pt`"""
     save_interval: int = 50
     """with --save-model, write a checkpoint every this many iterations (and at the end)"""
+    keep_checkpoints: int = 3
+    """with --save-model, also keep the newest this many checkpoints by step, checkpoint-<step>.pt"""
     resume: str | None = None
-    """path of a checkpoint of this script to continue training from (pass the same flags as the original run)"""
+    """a checkpoint of this script to continue in its own run folder, with its flags unless given"""
     eval_checkpoint: str | None = None
-    """if set, do not train: load this checkpoint, play --eval-episodes episodes and print the mean and std"""
+    """if set, do not train: play --eval-episodes episodes with this checkpoint, print the returns"""
     eval_episodes: int = 10
     """number of episodes played by the evaluation mode"""
     eval_deterministic: bool = True
@@ -152,6 +164,7 @@ class Args:
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
             ("save_interval", self.save_interval >= 1, "at least 1"),
+            ("keep_checkpoints", self.keep_checkpoints >= 0, "at least 0"),
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
@@ -175,6 +188,17 @@ class Args:
         ):
             if not accepted:
                 raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
+    unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:  # not Linux
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
@@ -469,12 +493,36 @@ def free_cores(last: list[float]) -> int:
 
 
 # TRY NOT TO MODIFY: checkpoint helpers
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
+    """Write atomically: a crash or a full disk mid-write leaves the previous checkpoint intact, and a failed
+    write is one line. With keep > 0, the newest `keep` checkpoints stay beside it as <name>-<step>.pt (hard
+    links where the file system has them)."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
     tmp_path = f"{path}.tmp"
-    torch.save(checkpoint, tmp_path)
-    os.replace(tmp_path, path)
+    try:
+        torch.save(checkpoint, tmp_path)
+        os.replace(tmp_path, path)
+        if keep:
+            numbered = f"{path[: -len('.pt')]}-{checkpoint['global_step']}.pt"
+            if os.path.exists(numbered):
+                os.remove(numbered)
+            try:
+                os.link(path, numbered)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(path, numbered)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        free = shutil.disk_usage(folder).free // 1024
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "the write failed"
+        raise SystemExit(
+            f"error: cannot write {path}: {why} ({free} KiB free on its disk); the previous one is kept"
+        ) from None
+    pattern = re.compile(re.escape(os.path.basename(path[: -len(".pt")])) + r"-(\d+)\.pt")
+    steps = sorted(int(m.group(1)) for m in map(pattern.fullmatch, os.listdir(folder)) if m)
+    for step in steps[: max(len(steps) - keep, 0)]:
+        os.remove(f"{path[: -len('.pt')]}-{step}.pt")
 
 
 def load_checkpoint(path: str, flag: str) -> dict:
@@ -521,6 +569,133 @@ def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iter
     }
 
 
+# TRY NOT TO MODIFY: run helpers
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def cli(argv: list[str] | None = None) -> Args:
+    """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
+    change."""
+    argv = sys.argv[1:] if argv is None else argv
+    default = None
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if flag == "--resume" and (value or i + 1 < len(argv)):
+            saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
+            default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
+    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
+
+
+def check_names(args: Args) -> None:
+    """Names that become folders stay inside runs/ and videos/; W&B's names hold no character it refuses."""
+    for flag in ("exp_name", "env_id"):
+        value = getattr(args, flag)
+        if ".." in re.split(r"[\\/]", value) or value.startswith(("/", "\\")):
+            raise SystemExit(
+                f"error: --{flag.replace('_', '-')}={value} must not start with / or hold a .. part: "
+                "it names folders in runs/ and videos/"
+            )
+    for flag in ("wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags"):
+        value = getattr(args, flag)
+        for name in value if isinstance(value, tuple) else [] if value is None else [value]:
+            if not name or set(name) & set("/\\#?%:") or len(name) > 64:
+                refused = f"--{flag.replace('_', '-')}={name}"
+                raise SystemExit(f"error: {refused} must be 1 to 64 characters, none of /\\#?%:")
+
+
+def run_folders(run_name: str, resume: str | None) -> tuple[str, str, str]:
+    """The run's folder, its videos' folder and the folder that holds runs/: runs/<run_name>,
+    videos/<run_name> and the working folder. A resumed run's are its checkpoint's folder and, when that is
+    <root>/runs/<run_name>, the videos/<run_name> and wandb/ beside it, wherever the run is resumed from."""
+    if ".." in re.split(r"[\\/]", run_name) or os.path.isabs(run_name):
+        raise SystemExit(f"error: --resume={resume} holds the run name {run_name}, which leaves runs/")
+    if resume is None:
+        return os.path.join("runs", run_name), os.path.join("videos", run_name), "."
+    run_dir, tail = os.path.dirname(resume) or ".", os.sep + os.path.join("runs", os.path.normpath(run_name))
+    absolute = os.path.abspath(run_dir)
+    root = absolute[: -len(tail)] or os.sep if absolute.endswith(tail) else "."
+    return run_dir, os.path.join(root, "videos", run_name), root
+
+
+def start_wandb(args: Args, name: str, root: str, job_type: str):
+    """A W&B run with the config and the code (wherever the script runs from); training's syncs TensorBoard's
+    events, and a resumed run goes on in its first part's W&B run, whose id comes from the run name."""
+    import wandb
+
+    run = wandb.init(
+        project=args.wandb_project_name,
+        entity=args.wandb_entity,
+        group=args.wandb_group,
+        tags=list(args.wandb_tags) or None,
+        job_type=job_type,
+        sync_tensorboard=job_type == "train",
+        config=vars(args),
+        name=name,
+        id=hashlib.sha256(name.encode()).hexdigest()[:16],
+        resume="allow",
+        dir=root,
+        save_code=True,
+    )
+    # save_code alone skips a script outside the working folder's repository
+    script = os.path.abspath(__file__)
+    run.log_code(os.path.dirname(script), include_fn=lambda path, root: os.path.abspath(path) == script)
+    return run
+
+
+def log_new_videos(wandb_run, video_dir: str, logged: set[str]) -> None:
+    """Send W&B the videos written since the last call (a file appears once its video is complete)."""
+    import wandb
+
+    for video in sorted(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4"))):
+        if video not in logged:  # wandb's own gym hook fails on gymnasium 1.x
+            logged.add(video)
+            wandb_run.log({"videos": wandb.Video(video)})
+
+
+def status(recent_returns: list[float], sps: int) -> str:
+    if not recent_returns:
+        return f"no episode finished yet, {sps} steps/s"
+    return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
+
+
+def summarize(
+    run_dir: str,
+    checkpoint_path: str,
+    saved: dict | None,
+    global_step: int,
+    sps: int,
+    seconds: float,
+    recent_returns: list[float],
+) -> None:
+    """The end of a run in at most three lines: where it got and how fast, its checkpoint, its curves."""
+    print(f"step {global_step}: {status(recent_returns, sps)}, {seconds:.0f} s")
+    if saved is not None:
+        print(f"checkpoint: {checkpoint_path} (iteration {saved['iteration']}, step {saved['global_step']})")
+    print(f"tensorboard --logdir {shlex.quote(run_dir)}")
+
+
+def run_evaluation(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
+    to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
+    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
+    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
+    video_dir = os.path.join("videos", name)
+    wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
+    video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
+    episodes, deterministic = args.eval_episodes, args.eval_deterministic
+    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
+    print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+    if args.capture_video:
+        print(f"videos: {video_dir}")
+    if wandb_run is not None:
+        for episode, episodic_return in enumerate(returns):
+            wandb_run.log({"eval/episodic_return": episodic_return, "eval/episode": episode + 1})
+        wandb_run.summary["eval/mean_return"] = float(np.mean(returns))
+        log_new_videos(wandb_run, video_dir, set())
+        wandb_run.finish()
+
+
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
@@ -536,16 +711,25 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 
 @torch.no_grad()
-def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: torch.device, seed: int) -> list[float]:
-    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy and return their raw scores. A life
-    lost is signalled as in training (without resetting the game), so that the memory is emptied where it was there."""
+def evaluate(
+    checkpoint_path: str,
+    episodes: int,
+    deterministic: bool,
+    device: torch.device,
+    seed: int,
+    video_path: str = "",
+) -> list[float]:
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
+    as its game ends and return them; with a video_path (folder/name start), record games as training does.
+    A life lost is signalled as in training (without resetting the game), so that the memory is emptied where
+    it was."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
     obs, infos = envs.reset(seed=seed)
     memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
-    scores, lives = [], infos["lives"]
+    scores, lives, frames = [], infos["lives"], []
     while len(scores) < episodes:
         hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
         logits = agent.actor(hidden)
@@ -555,8 +739,17 @@ def evaluate(checkpoint_path: str, episodes: int, deterministic: bool, device: t
         lives = infos["lives"]
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
         done = torch.as_tensor(termination | truncation, device=device)
-        if "episode" in infos:
+        game_over = "episode" in infos
+        if video_path:  # env 0's games as the agent sees them, as in training; a game ends on its final frame
+            frames.append((infos["final_obs"] if game_over else obs)[0, -1])
+        if game_over:
             scores.append(float(infos["episode"]["r"][0]))
+            print(f"episode {len(scores)}: return {scores[-1]:.2f}")
+            if video_path and capped_cubic_video_schedule(len(scores) - 1):
+                folder, prefix = os.path.split(video_path)
+                frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in frames]
+                save_video(frames, folder, episode_index=len(scores) - 1, fps=15, name_prefix=prefix)
+            frames = []
     envs.close()
     return scores
 
@@ -565,16 +758,19 @@ def main(args: Args) -> None:
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
     if args.eval_checkpoint is not None:
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, args.eval_deterministic, device, args.seed)
-        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
-        return
+        return run_evaluation(args, device)
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -596,20 +792,27 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: resume
     start_iteration, global_step = 1, 0
     if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
         try:
             agent.load_state_dict(checkpoint["model"])
         except RuntimeError:
-            raise SystemExit(f"error: --resume={args.resume} holds a network of another shape (other flags?)") from None
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
             start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
             set_rng_states(checkpoint["rng_states"])
         except (KeyError, TypeError, ValueError):
             raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        saved = checkpoint["args"]  # continuing with other flags is allowed; each one that differs is named
-        for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved):
-            if saved[flag] != getattr(args, flag):
-                print(f"note: --{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}")
+        for line in differing:
+            print(f"note: {line}")
         if start_iteration > args.num_iterations:
             raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
@@ -629,28 +832,28 @@ def main(args: Args) -> None:
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
 
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    try:
-        os.makedirs(f"runs/{run_name}", exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"error: cannot create runs/{run_name} ({e.strerror}); run from a folder you can write to") from None
-    if args.track:
-        import wandb
+    # ALGO LOGIC: warnings, once every check has passed
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(f"runs/{run_name}")
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to runs/{run_name}")
+    print(f"logging to {run_dir}")
 
     # TRY NOT TO MODIFY: start the game
-    start_time, start_step = time.time(), global_step
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
     recent_returns, done_iteration, last_good = [], start_iteration - 1, None
     progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
     # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
@@ -707,6 +910,10 @@ def main(args: Args) -> None:
                         writer.add_scalar("charts/episodic_return", r, global_step)
                         writer.add_scalar("charts/episodic_length", length, global_step)
                         recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
 
                 # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
                 if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
@@ -714,7 +921,8 @@ def main(args: Args) -> None:
                     video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
                     if game_over and capped_cubic_video_schedule(videos_saved):  # also save_video's default schedule
                         frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        save_video(frames, f"videos/{run_name}", episode_index=videos_saved, fps=15)
+                        prefix = os.path.basename(video_path)
+                        save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
                     if game_over:
                         videos_saved, video_frames = videos_saved + 1, []
 
@@ -765,32 +973,43 @@ def main(args: Args) -> None:
             for name, value in {**losses, "explained_variance": explained_var}.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            if recent_returns:
-                progress.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=sps, refresh=False)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
 
             # TRY NOT TO MODIFY: periodic checkpoint
             done_iteration = iteration
             if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
                 last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
                 if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good)
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
     except KeyboardInterrupt:
         print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
         raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        if last_good is not None:
-            save_checkpoint(checkpoint_path, last_good)
-            print(f"checkpoint saved: {checkpoint_path} (iteration {last_good['iteration']}, step {last_good['global_step']})")
-        signal.signal(signal.SIGINT, previous_handler)
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
         progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
         writer.close()
         envs.close()
-        if args.track:
-            for video in sorted(glob.glob(f"videos/{run_name}/*.mp4")):  # wandb's own gym hook fails on gymnasium 1.x
-                wandb.log({"videos": wandb.Video(video)})
-            wandb.finish()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(cli())

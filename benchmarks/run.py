@@ -366,6 +366,20 @@ def pack(out: str, paths: list[str]) -> bytes:
     return archive.getvalue()
 
 
+def ray_init(address: str | None, num_cpus: int) -> None:
+    """Connect to the Ray cluster at `address`, or start a local Ray instance of `num_cpus` CPUs. This repository
+    travels to every node as the tasks' working dir (the runs' files come back in the tasks' results)."""
+    import ray
+
+    excludes = [".git", ".whl", "runs", "benchmarks/runs", "benchmark_runs", "wandb", "videos", "__pycache__"]
+    ray.init(
+        address=address,
+        num_cpus=None if address else num_cpus,
+        log_to_driver=False,
+        runtime_env={"working_dir": ROOT, "excludes": excludes},
+    )
+
+
 def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
     """Yield (key, exit code) for every job as its Ray task finishes, its files unpacked into <out> and its output
     appended to its log. A task's files come back when it ends: a run on another node is not visible before."""
@@ -374,14 +388,7 @@ def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
 
     import ray
 
-    # ship this repository to every node as the tasks' working dir (the runs' files come back in the results)
-    excludes = [".git", ".whl", "runs", "benchmarks/runs", "benchmark_runs", "wandb", "videos", "__pycache__"]
-    ray.init(
-        address=args.address,
-        num_cpus=None if args.address else args.workers,
-        log_to_driver=False,
-        runtime_env={"working_dir": ROOT, "excludes": excludes},
-    )
+    ray_init(args.address, args.workers)
     task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)(execute)
     pending = {}
     for key, argv in jobs.items():

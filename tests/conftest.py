@@ -1,6 +1,8 @@
 """Shared helpers: run a script through its CLI, read its TensorBoard events, import it as a module."""
 
+import contextlib
 import glob
+import hashlib
 import importlib
 import os
 import signal
@@ -50,6 +52,36 @@ def run_script(
     )
 
 
+@contextlib.contextmanager
+def repository_unchanged():
+    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after
+    the block as before it: a tool run without --results writes nothing there."""
+
+    def state():
+        git = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        status = git.stdout
+        results = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
+        return status, {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in results}
+
+    before = state()
+    yield
+    assert state() == before
+
+
+def start_tool(tool: str, flags: list[str], cwd: str) -> subprocess.Popen:
+    """A tool (benchmarks/run.py, tune.py) in a process group of its own, SIGINT at its default (pytest may
+    ignore it), output captured: a test sends it Ctrl-C as a terminal does, with os.killpg."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, tool), *flags],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 def run_dirs(cwd: str) -> list[str]:
     return sorted(glob.glob(os.path.join(cwd, "runs", "*")))
 
@@ -83,6 +115,33 @@ def assert_videos_reached_the_wandb_run(cwd: str) -> None:
     assert glob.glob(os.path.join(offline_run, "*.wandb"))
     media = glob.glob(os.path.join(offline_run, "**", "*.mp4"), recursive=True)
     assert videos and len(media) == len(videos), (videos, media)
+
+
+def wandb_records(offline_run: str) -> list:
+    """The records of an offline W&B run's .wandb file (a LevelDB-style log of protobuf records after a 7-byte
+    header), read without wandb's service: a run cut short leaves few or none."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(os.path.join(offline_run, "*.wandb"))
+    data, block, pos, pending, records = open(path, "rb").read(), 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:  # zero padding up to the block's end
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # FULL, FIRST; then MIDDLE, LAST
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

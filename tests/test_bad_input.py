@@ -76,7 +76,8 @@ def test_refused_resume_writes_nothing_and_other_flags_are_named(tmp_path, name)
 
     # another network shape, a folder, a checkpoint without RNG states: one line each, and the run folder untouched
     result = run_script(f"{name}.py", *tiny, *WIDER[name], "--total-timesteps", "512", "--resume", path, cwd=cwd)
-    assert_one_line_error(result, f"--resume={path}", "another shape")
+    differing = f"{WIDER[name][0]}={WIDER[name][1]} differs"  # the flag that made the shape differ is named
+    assert_one_line_error(result, f"--resume={path}", "another shape", differing)
     result = run_script(f"{name}.py", *tiny, "--total-timesteps", "512", "--resume", run_dir, cwd=cwd)
     assert_one_line_error(result, f"--resume={run_dir}", "folder", "checkpoint.pt")
     old = os.path.join(cwd, "old.pt")

@@ -1,9 +1,7 @@
 """benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs. No tool
 writes into the repository unless told to (`repository_unchanged`), and none of these tests depends on the load."""
 
-import contextlib
 import glob
-import hashlib
 import os
 import shutil
 import signal
@@ -14,7 +12,16 @@ import time
 
 import pytest
 import torch
-from conftest import NO_DISPLAY, ROOT, WANDB_OFFLINE, assert_videos_reached_the_wandb_run, import_script, run_script
+from conftest import (
+    NO_DISPLAY,
+    ROOT,
+    WANDB_OFFLINE,
+    assert_videos_reached_the_wandb_run,
+    import_script,
+    repository_unchanged,
+    run_script,
+    start_tool,
+)
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -28,21 +35,6 @@ def write_run(root: str, name: str, returns: list[float], steps_per_episode: int
         writer.add_scalar("charts/episodic_return", r, first_step + (i + 1) * steps_per_episode)
     writer.add_scalar("charts/SPS", 1000, first_step + len(returns) * steps_per_episode)
     writer.close()
-
-
-@contextlib.contextmanager
-def repository_unchanged():
-    """What `git status` says of the repository, and every file under benchmarks/results/, are the same after the
-    block as before it: a tool run without --results writes nothing there."""
-
-    def state():
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-        results = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*")))
-        return status, {path: hashlib.sha256(open(path, "rb").read()).hexdigest() for path in results}
-
-    before = state()
-    yield
-    assert state() == before
 
 
 def test_steps_to_threshold_and_final_return(tmp_path):
@@ -210,19 +202,6 @@ def test_runner_keeps_videos_and_wandb_runs(tmp_path):
     assert len(runs) == 1, [r.path for r in runs]
 
 
-def start_runner(flags: list[str], cwd: str) -> subprocess.Popen:
-    """The runner in a process group of its own, SIGINT at its default (pytest may ignore it), output captured."""
-    return subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), *flags],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-
-
 @pytest.mark.smoke
 def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to the runner's process group): the runner passes it on to the run, which
@@ -231,7 +210,8 @@ def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
     the checkpoint, so that the test ends), the sweep resumes the run from its checkpoint in its own run folder and
     runs the queued one from step 0."""
     flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
-    runner = start_runner([*flags, f"--extra={TINY} --total-timesteps 10000000 --save-interval 1"], str(tmp_path))
+    long_runs = f"--extra={TINY} --total-timesteps 10000000 --save-interval 1"
+    runner = start_tool("benchmarks/run.py", [*flags, long_runs], str(tmp_path))
     deadline = time.time() + 120
     while time.time() < deadline and not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt")):
         time.sleep(0.5)

@@ -476,7 +476,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert "eval: 1 episodes, mean return" in result.stdout
 
 
-def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_tmp, monkeypatch):
+def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_tmp, monkeypatch, capsys):
     """--eval-interval: charts/eval_return at every evaluated iteration; best.pt holds the policy of the best one, and
     evaluating best.pt as the evaluation mode does gives exactly its logged return (here sampling actions: evaluation
     draws from its own seeded generator); training is the same as without evaluation; after --resume the best so far
@@ -490,6 +490,9 @@ def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_t
     best = torch.load(best_path, weights_only=True)
     best_step, best_return = max(logged, key=lambda x: x[1])  # max keeps the first of equal values
     assert best["global_step"] == best_step and best["eval_return"] == pytest.approx(best_return, rel=1e-6)
+    improved = [line for line in capsys.readouterr().out.splitlines() if "the best so far" in line]
+    said = f"eval return {best['eval_return']:.2f}, the best so far: {os.path.normpath(best_path)}"
+    assert improved[-1] == f"step {best_step}: {said}", improved
     replay = p.evaluate(best_path, episodes=2, deterministic=False, device=torch.device("cpu"), seed=1)
     assert float(np.mean(replay)) == best["eval_return"]
 
@@ -504,6 +507,7 @@ def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_t
     resume = os.path.join(run_dir, "checkpoint.pt")
     p.main(p.Args(**args, total_timesteps=2800, eval_interval=2, eval_deterministic=False, save_model=True, resume=resume))
     assert [step for step, _ in read_scalars(run_dir)["charts/eval_return"]] == [400, 800, 1200, 1600, 2000, 2400, 2800]
+    assert "the best so far" not in capsys.readouterr().out
     kept = torch.load(best_path, weights_only=True)
     assert (kept["eval_return"], kept["global_step"]) == (0.0, best_step)
 

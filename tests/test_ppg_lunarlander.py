@@ -182,7 +182,8 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]][-1] == 1024
     result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("eval: 3 episodes, mean return")
+    assert result.stdout.startswith("episode 1: return ")
+    assert "\neval: 3 episodes, mean return" in result.stdout
 
 
 @pytest.mark.smoke
