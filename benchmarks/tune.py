@@ -177,6 +177,9 @@ class Args:
     """with --backend ray, CPUs reserved for each run"""
     gpus_per_run: float = 0.0
     """with --backend ray, GPUs reserved for each run"""
+    enqueue: tuple[str, ...] = ()
+    """settings to try first, each "defaults" (the script's own) or the space's flags as a command line, e.g.
+    "--gamma 0.99 --learning-rate 3e-4" (flags left out are sampled); a setting the study has tried is skipped"""
     results: bool = False
     """also write the report into benchmarks/results/ (overwrites tune_<study>.md and its PNGs there)"""
 
@@ -367,6 +370,63 @@ def script_flags(path: str) -> set[str]:
     fields = [s for s in (args.body if args else []) if isinstance(s, ast.AnnAssign)]
     flags = {ast.unparse(s.target): ast.unparse(s.value) if s.value else "" for s in fields}
     return {name.replace("_", "-") for name, default in flags.items() if "init=False" not in default}
+
+
+def script_defaults(path: str) -> dict[str, Any]:
+    """The defaults of a script's flags that are plain literals, read from its `Args` without importing it."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    args = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"), None)
+    defaults = {}
+    for field in [s for s in (args.body if args else []) if isinstance(s, ast.AnnAssign) and s.value]:
+        with contextlib.suppress(ValueError, SyntaxError):
+            defaults[ast.unparse(field.target).replace("_", "-")] = ast.literal_eval(field.value)
+    return defaults
+
+
+def enqueued(setting: str, space: dict) -> dict[str, Any]:
+    """The params of one --enqueue setting, each checked against the space: bad input is one line."""
+    params = space["params"]
+    if setting == "defaults":
+        defaults = script_defaults(os.path.join(ROOT, space["script"]))
+        argv = [word for flag in params if flag in defaults for word in (f"--{flag}", str(defaults[flag]))]
+    else:
+        argv = shlex.split(setting)
+    values: dict[str, Any] = {}
+    for i in range(0, len(argv), 2):
+        flag = argv[i][2:] if argv[i].startswith("--") else None
+        if flag not in params or i + 1 == len(argv):
+            raise SystemExit(
+                f"error: --enqueue={setting!r}: {argv[i]!r} is not one of the space's flags with a value: "
+                + ", ".join(f"--{p}" for p in params)
+            )
+        spec, text = params[flag], argv[i + 1]
+        if spec["type"] == "categorical":
+            match = [c for c in spec["choices"] if str(c) == text or (plain_number(text) == plain_number(c) is not None)]
+            ok, value = bool(match), match[0] if match else None
+        else:
+            value = plain_number(text)
+            if spec["type"] == "int" and value is not None:
+                value = int(value) if value == int(value) else None
+            ok = value is not None and spec["low"] <= value <= spec["high"]
+        if not ok:
+            if spec["type"] == "categorical":
+                accepts = f"one of {spec['choices']}"
+            else:
+                accepts = f"{'an integer ' if spec['type'] == 'int' else ''}in [{spec['low']}, {spec['high']}]"
+            raise SystemExit(f"error: --enqueue={setting!r}: --{flag} {text} is not {accepts}")
+        values[flag] = value
+    return values
+
+
+def plain_number(value: Any) -> float | None:
+    """A number from a string or a number; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    with contextlib.suppress(TypeError, ValueError):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
 
 
 def as_flags(values: dict[str, Any]) -> list[str]:
@@ -748,6 +808,7 @@ def main(args: Args) -> None:
         if not accepted:
             raise SystemExit(f"error: --{flag}={value} must be {what}")
     name, space = load_space(args)
+    settings = [enqueued(setting, space) for setting in args.enqueue]
     out = os.path.abspath(args.out or os.path.join("benchmark_runs", "tune", name))
     if args.storage is None:
         os.makedirs(out, exist_ok=True)
@@ -757,6 +818,8 @@ def main(args: Args) -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(args, name, space, open_storage(args, out))
     optuna.storages.fail_stale_trials(study)  # left running by a killed tuner: failed, its flags queued again
+    for values in settings:
+        study.enqueue_trial(values, skip_if_exists=True)
     os.makedirs(os.path.join(out, "trials"), exist_ok=True)
     states = optuna.trial.TrialState
     finished = lambda: len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED)))
