@@ -178,8 +178,8 @@ class Args:
     gpus_per_run: float = 0.0
     """with --backend ray, GPUs reserved for each run"""
     enqueue: tuple[str, ...] = ()
-    """settings to try first, each "defaults" (the script's own) or the space's flags as a command line, e.g.
-    "--gamma 0.99 --learning-rate 3e-4" (flags left out are sampled); a setting the study has tried is skipped"""
+    """settings to try first, each "defaults" (the script's own) or some of the space's flags with values, e.g.
+    "gamma=0.99 learning-rate=3e-4" (flags left out are sampled); a setting the study has tried is skipped"""
     results: bool = False
     """also write the report into benchmarks/results/ (overwrites tune_<study>.md and its PNGs there)"""
 
@@ -391,14 +391,13 @@ def enqueued(setting: str, space: dict) -> dict[str, Any]:
         defaults = script_defaults(os.path.join(ROOT, space["script"]))
         argv = [word for flag in params if flag in defaults for word in (f"--{flag}", str(defaults[flag]))]
     else:
-        argv = shlex.split(setting)
+        argv = [part for word in shlex.split(setting) for part in word.removeprefix("--").split("=", 1)]
     values: dict[str, Any] = {}
     for i in range(0, len(argv), 2):
-        flag = argv[i][2:] if argv[i].startswith("--") else None
+        flag = argv[i].removeprefix("--")
         if flag not in params or i + 1 == len(argv):
             raise SystemExit(
-                f"error: --enqueue={setting!r}: {argv[i]!r} is not one of the space's flags with a value: "
-                + ", ".join(f"--{p}" for p in params)
+                f"error: --enqueue={setting!r}: {argv[i]!r} is not one of the space's flags with a value: " + ", ".join(params)
             )
         spec, text = params[flag], argv[i + 1]
         if spec["type"] == "categorical":
