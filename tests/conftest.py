@@ -4,10 +4,13 @@ import contextlib
 import glob
 import hashlib
 import importlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -37,19 +40,103 @@ def import_script(name: str):
     return importlib.import_module(name)
 
 
+# Starting Python and importing torch takes seconds, and the suite runs scripts hundreds of times: `run_script`
+# forks each run from one process that has imported gymnasium, numpy, torch, tyro and TensorBoard's writer (none
+# of which reads the variables a test sets). A forked run is the script's own `__main__`, in its own process, with
+# its own folder, environment and output; what a fresh interpreter would have warned on import is replayed on its
+# stderr. RUN_SCRIPTS_FRESH=1 starts a fresh interpreter for every run instead; so does an environment that sets a
+# variable those imports read.
+FORK_SERVER = r"""
+import atexit, json, os, runpy, signal, sys, threading, traceback, warnings
+
+with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
+    import gymnasium, numpy, torch, tyro
+    from torch.utils.tensorboard import SummaryWriter
+
+
+def run(request):
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout.reconfigure(write_through=True)
+    sys.stderr.reconfigure(write_through=True)
+    sys.argv, sys.path[0] = request["argv"], os.path.dirname(request["argv"][0])
+    for w in IMPORT_WARNINGS:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    code = 0
+    try:
+        runpy.run_path(request["argv"][0], run_name="__main__")
+    except SystemExit as e:  # as the interpreter reads it: None is 0, a number the status, anything else printed
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == -signal.SIGINT:  # an uncaught Ctrl-C ends the interpreter by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        run(request)
+    print(json.dumps(pid), flush=True)
+    print(json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])), flush=True)
+"""
+IMPORTED_READS = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "CUDA", "NVIDIA", "LD_", "PYTHON")
+_fork_server: list[subprocess.Popen] = []
+
+
+def fork_server() -> subprocess.Popen:
+    if not _fork_server or _fork_server[0].poll() is not None:
+        server = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        _fork_server[:] = [server]
+    return _fork_server[0]
+
+
 def run_script(
     script: str, *flags: str, cwd: str, env: dict | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     """Run `python <script> <flags>` in `cwd` and return the finished process (stdout and stderr captured)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, script), *flags],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    argv = [os.path.join(ROOT, script), *flags]
+    changed = {key for key in full_env if full_env[key] != os.environ.get(key)} - {"PYTHONUNBUFFERED"}
+    if os.environ.get("RUN_SCRIPTS_FRESH") or any(key.startswith(IMPORTED_READS) for key in changed):
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    server = fork_server()
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        request = dict(argv=argv, cwd=os.path.abspath(cwd), env=full_env, stdout=out, stderr=err)
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        pid = json.loads(server.stdout.readline())
+        expired = threading.Event()
+        timer = threading.Timer(timeout, lambda: (expired.set(), os.kill(pid, signal.SIGKILL)))
+        timer.start()
+        returncode = json.loads(server.stdout.readline())
+        timer.cancel()
+        with open(out) as stdout, open(err) as stderr:
+            result = subprocess.CompletedProcess([sys.executable, *argv], returncode, stdout.read(), stderr.read())
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(result.args, timeout, result.stdout, result.stderr)
+    return result
 
 
 @contextlib.contextmanager
