@@ -47,7 +47,7 @@ def import_script(name: str):
 # stderr. RUN_SCRIPTS_FRESH=1 starts a fresh interpreter for every run instead; so does an environment that sets a
 # variable those imports read.
 FORK_SERVER = r"""
-import atexit, json, os, runpy, signal, sys, threading, traceback, warnings
+import atexit, json, os, runpy, signal, sys, threading, warnings
 
 with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
     import gymnasium, numpy, torch, tyro
@@ -74,12 +74,13 @@ def run(request):
         else:
             print(e.code, file=sys.stderr)
             code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = -signal.SIGINT
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
+    except BaseException as e:  # its traceback from the script's own frame on, as a fresh interpreter prints it
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != request["argv"][0]:
+            tb = tb.tb_next
+        e = e.with_traceback(tb or e.__traceback__)
+        sys.excepthook(type(e), e, e.__traceback__)
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -134,3 +134,24 @@ def test_ctrl_c_while_the_libraries_load_is_one_line_and_status_130(tmp_path, na
     argv = [sys.executable, "-c", CTRL_C_ON_TORCH, script, "--help"]
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
     assert (result.returncode, result.stdout, result.stderr) == (130, "interrupted\n", ""), result.stderr
+
+
+RAISES = """import sys
+print("to stdout")
+if sys.argv[1:] == ["exit"]:
+    sys.exit("a message")
+raise ValueError("not a number")
+"""
+
+
+@pytest.mark.parametrize("argv", [["ppo_fsmn_cartpole.py", "--num-envs", "0"], ["raises.py", "exit"], ["raises.py"]])
+def test_a_forked_run_exits_and_prints_as_a_fresh_interpreter(tmp_path, monkeypatch, argv):
+    """`run_script` forks script runs from a process that has imported torch (see conftest): the same exit status,
+    output and traceback as a fresh interpreter's."""
+    (tmp_path / "raises.py").write_text(RAISES)
+    script = argv[0] if argv[0].startswith("ppo") else str(tmp_path / argv[0])
+    forked = run_script(script, *argv[1:], cwd=str(tmp_path))
+    monkeypatch.setenv("RUN_SCRIPTS_FRESH", "1")
+    fresh = run_script(script, *argv[1:], cwd=str(tmp_path))
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert fresh.returncode != 0 and fresh.stderr
