@@ -539,7 +539,9 @@ def follow(
             from report import load_run
             from run import pack
 
-            run_name = f"{argv[argv.index('--env-id') + 1]}__{argv[argv.index('--exp-name') + 1]}__*"
+            # the run's own folder, env__exp__seed__time: the trial's other seeds run beside it in the same folder
+            flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+            run_name = f"{flag('--env-id')}__{flag('--exp-name')}__{flag('--seed')}__*"
             found = lambda: sorted(glob.glob(os.path.join(folder, "runs", run_name)))[-1:]  # noqa: E731
             while process.poll() is None:
                 time.sleep(poll)

@@ -260,6 +260,24 @@ def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
 
 
 @pytest.mark.smoke
+def test_each_seed_is_scored_on_its_own_run(tmp_path):
+    """A trial's runs share its folder: each seed's value comes from its own run's events, not a sibling's."""
+    space = {**TINY, "seeds": [1, 2]}
+    (tmp_path / "tiny.json").write_text(json.dumps(space))
+    flags = ["--space", "tiny.json", "--trials", "1", "--pruner", "none", "--out", str(tmp_path), *FAST]
+    result = run_script("benchmarks/tune.py", *flags, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'study.db'}").trials[0]
+    space = tune.check_space(space, "tiny.json")
+    env = space["envs"]["CartPole-v1"]
+    raw = {seed: trial.user_attrs[f"raw CartPole-v1 {seed}"] for seed in (1, 2)}
+    for seed in (1, 2):
+        (run_dir,) = glob.glob(str(tmp_path / "trials" / "0" / "runs" / f"CartPole-v1__trial0__{seed}__*"))
+        assert raw[seed] == tune.run_score(report.load_run(run_dir), env, space["objective"], space["window"])[1]
+    assert raw[1] != raw[2]
+
+
+@pytest.mark.smoke
 def test_study_on_a_local_ray_instance(tmp_path):
     """--backend ray: each run a Ray task on a local instance, its episodes streamed back while it runs (the
     trial reports intermediate values), its events and log unpacked into the trial's folder when it ends."""
