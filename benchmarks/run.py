@@ -21,6 +21,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
                        bf16 instructions: emulated, it is far slower); `--configs atari_fp32` for one of them.
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps.
+  continuous-carry-pendulum, continuous-carry-lunar
+                       Pendulum-v1 (100k steps) and LunarLanderContinuous-v3 (500k), 5 seeds: ppo_continuous.py at
+                       its defaults and with the MuJoCo settings below, the best of the continuous study's trials.
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -137,6 +140,24 @@ PRESETS: dict[str, dict] = {
         extra=["--total-timesteps", "200000"],
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="continuous_pendulum", threshold=-200.0, title="Tanh-Gaussian PPO on Pendulum-v1"),
+    ),
+    "continuous-carry-pendulum": dict(
+        configs=[
+            Config("defaults", ["ppo_continuous.py", "--env-id", "Pendulum-v1"]),
+            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", "Pendulum-v1", *MUJOCO_FLAGS]),
+        ],
+        extra=["--total-timesteps", "100000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name="continuous_carry_pendulum", threshold=-200.0, title="Two default sets on Pendulum-v1"),
+    ),
+    "continuous-carry-lunar": dict(
+        configs=[
+            Config("defaults", ["ppo_continuous.py", "--env-id", "LunarLanderContinuous-v3"]),
+            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", "LunarLanderContinuous-v3", *MUJOCO_FLAGS]),
+        ],
+        extra=["--total-timesteps", "500000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name="continuous_carry_lunar", threshold=200.0, title="Two default sets on LunarLanderContinuous-v3"),
     ),
     "continuous-mujoco": dict(
         configs=[
