@@ -818,6 +818,15 @@ def main(args: Args) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the tuner prints one line per trial itself
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(args, name, space, open_storage(args, out))
+    # Optuna hands a queued trial to one worker by a read then a write; SQLite does not lock the row between them,
+    # so two threads of --workers could both take it and run it twice: here they take queued trials one at a time
+    pop_waiting, popping = study._pop_waiting_trial_id, threading.Lock()
+
+    def pop_one() -> int | None:
+        with popping:
+            return pop_waiting()
+
+    study._pop_waiting_trial_id = pop_one
     optuna.storages.fail_stale_trials(study)  # left running by a killed tuner: failed, its flags queued again
     for values in settings:
         study.enqueue_trial(values, skip_if_exists=True)
