@@ -142,6 +142,8 @@ class Args:
     """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
     """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S steps"""
+    memory_decay: bool = False
+    """also give every block an episode-long memory: its past hidden states summed with learned per-channel decays"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -287,59 +289,109 @@ class RunningNorm(nn.Module):
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+    """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay, or 0 at an episode start. A linear
+    recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes over the whole sequence instead
+    of T steps: products of decays only, no exponent that could overflow.
+    u: (T, B, H); e: (B, H); decay: (H,) in (0, 1); episode_starts: (T, B) bool. Returns e_t, (T, B, H)."""
+    a = decay * ~episode_starts.unsqueeze(-1)  # (T, B, H): a_t, 0 where an episode starts
+    u = torch.cat([u[:1] + a[:1] * e, u[1:]])  # e_{-1} enters through step 0
+    # after the pass of lag k: u_t = sum over s in (t-2k, t] of a_{s+1}...a_t u_s (s >= 0), a_t = a_{t-2k+1}...a_t
+    #   lag 1:  u_t += a_t u_{t-1}                 a_t *= a_{t-1}
+    #   lag 2:  u_t += (a_t a_{t-1}) u_{t-2}       a_t *= a_{t-2}      then lag 4, 8, ... up to T
+    lag = 1
+    while lag < len(u):
+        u = torch.cat([u[:lag], torch.addcmul(u[lag:], a[lag:], u[:-lag])])
+        a = torch.cat([a[:lag], a[lag:] * a[:-lag]])
+        lag *= 2
+    return u
+
+
 class FSMNBlock(nn.Module):
     """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence:
 
         h_t = tanh(W_in x_t)                        linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
+            [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
-    S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. The taps start at zero: the
-    block starts memoryless and learns how much of the past to use."""
+    S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the whole
+    episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). The taps and d start
+    at zero: the block starts memoryless and learns how much of the past to use."""
 
-    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1):
+    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False):
         super().__init__()
-        self.memory_order, self.memory_stride = memory_order, memory_stride
+        self.memory_order, self.memory_stride, self.memory_decay = memory_order, memory_stride, memory_decay
         self.proj_in = layer_init(nn.Linear(dim, dim))
         self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
+        if memory_decay:
+            # lambda = sigmoid(decay_logits), always in (0, 1); horizons 1/(1-lambda) from 2 to 200 steps, log-uniform
+            # over the channels: lambda = 1 - 1/horizon, sigmoid's inverse log(horizon - 1)
+            self.decay_logits = nn.Parameter(torch.log(torch.logspace(math.log10(2), math.log10(200), dim) - 1))
+            self.decay_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
         self.proj_out = layer_init(nn.Linear(dim, dim))
         self.norm = nn.LayerNorm(dim)
 
+    def decay(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """lambda and the input gain g, (H,) each. g = sqrt(1 - lambda^2) is LRU's normalisation (Orvieto et al. 2023,
+        arXiv 2303.06349): e keeps the scale of h for uncorrelated inputs at every horizon, where a plain sum (g = 1)
+        would grow a steady input 1/(1-lambda)-fold (up to 200) and an average (g = 1-lambda) shrink one step's trace
+        as much."""
+        # 1 - lambda^2 = (1 - lambda)(1 + lambda), with 1 - lambda = sigmoid(-logits) exact near lambda = 1
+        gain = torch.sqrt(torch.sigmoid(-self.decay_logits) * (1 + torch.sigmoid(self.decay_logits)))
+        return torch.sigmoid(self.decay_logits), gain
+
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H); memory: (B, N*S, H) with memory[:, j] = h_{t-1-j}, already zeroed at episode starts."""
+        """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with --memory-decay,
+        memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
+        span = self.memory_order * self.memory_stride
         h = torch.tanh(self.proj_in(x))  # (B, H)
-        window = torch.cat([h.unsqueeze(1), memory], dim=1)  # (B, N*S+1, H): h_t, h_{t-1}, ..., h_{t-N*S}
+        window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, h_{t-1}, ..., h_{t-N*S}
         # taps on h_t, h_{t-S}, ..., h_{t-N*S}
         m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H)
-        return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N*S}
+        new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
+        if self.memory_decay:
+            decay, gain = self.decay()
+            e = decay * memory[:, span] + gain * h  # (B, H)
+            m = m + self.decay_weights * e
+            new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
+        return self.norm(x + self.proj_out(m)), new_memory
 
-    def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """x: (T, B, H); memory: (B, N*S, H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent."""
+    def sequence(
+        self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor, episode_starts: torch.Tensor
+    ) -> torch.Tensor:
+        """x: (T, B, H); memory: (B, N*S [+1], H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent;
+        episode_starts: (T, B) bool."""
         stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span: oldest tap's lag
         # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of
         # its own and then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested)
-        history = torch.cat([memory.flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)
+        history = torch.cat([memory[:, :span].flip(1).transpose(0, 1), torch.tanh(self.proj_in(x))], dim=0)
         h = history[span:]  # h_t = tanh(W_in x_t)
         # stacked lag first, as unfold's view (T, B, H, N+1) is slower on the CPU (benchmarks/results/fsmn_cartpole.md)
         # lag k of N+1 holds h_{t-(N-k)S}
         lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]
         windows = torch.stack(lagged)  # (N+1, T, B, H)
         m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
+        if self.memory_decay:
+            decay, gain = self.decay()
+            m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)  # (T, B, H)
         return self.norm(x + self.proj_out(m))
 
 
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value head (std 1).
-    Its memory is every block's last N*S hidden states, (L, B, N*S, H) for L blocks (N*S = 0: none)."""
+    Its memory is every block's last N*S hidden states, (L, B, N*S, H) for L blocks (N*S = 0: none), and with
+    --memory-decay one more slot at the end for every block's decayed sum e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
-        self.memory_stride = args.memory_stride
+        self.memory_stride, self.memory_decay = args.memory_stride, args.memory_decay
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
         self.blocks = nn.ModuleList(
-            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride) for _ in range(args.num_blocks)
+            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride, args.memory_decay)
+            for _ in range(args.num_blocks)
         )
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
@@ -355,11 +407,11 @@ class Agent(nn.Module):
         return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
-        span = self.memory_order * self.memory_stride  # N*S: the oldest tap's lag
-        return torch.zeros(len(self.blocks), num_envs, span, self.hidden_dim, device=device)  # (L, B, N*S, H)
+        slots = self.memory_order * self.memory_stride + self.memory_decay  # N*S, the oldest tap's lag, [+1: e]
+        return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, N*S [+1], H)
 
     def get_states(self, x, memory, episode_starts):
-        """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S, H); episode_starts: (B,).
+        """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S [+1], H); episode_starts: (B,).
         Returns the features (B, H) and the next memory."""
         memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
         x, new_memory = torch.tanh(self.embed(x)), []
@@ -381,7 +433,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), value, memory
 
     def get_states_sequence(self, x, memory, episode_starts):
-        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N*S, H) from the rollout's start;
+        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N*S [+1], H) from the rollout's start;
         episode_starts: (T, B) bool. Returns the features (T, B, H), equal to running `get_states` T times."""
         # Episode ids: the N*S remembered steps are episode 0 and every start begins a new id; tap i of
         # step t is used only if step t-iS has step t's id. N=3, S=1, T=5, an episode starts at t=2:
@@ -397,7 +449,7 @@ class Agent(nn.Module):
         same_episode = (windows == ids[span:].unsqueeze(-1)).permute(2, 0, 1).unsqueeze(-1).float()
         x = torch.tanh(self.embed(x))
         for block, block_memory in zip(self.blocks, memory):
-            x = block.sequence(x, block_memory, same_episode)
+            x = block.sequence(x, block_memory, same_episode, episode_starts)
         return x
 
     def get_action_and_value_sequence(self, x, memory, episode_starts, action):
@@ -812,7 +864,7 @@ def main(args: Args) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S, H): running episodes' memory
+    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -859,7 +911,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = memory.clone()  # (L, num_envs, N*S, H): training replays each sequence from here
+            initial_memory = memory.clone()  # (L, num_envs, N*S [+1], H): training replays each sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:

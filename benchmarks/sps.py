@@ -68,6 +68,7 @@ PAIRS = {
             "order 8 stride 8 (reach 128)": ["--memory-order", "8", "--memory-stride", "8"],
             "order 64 (reach 128)": ["--memory-order", "64"],
             "order 32 stride 4 (reach 256)": ["--memory-order", "32", "--memory-stride", "4"],
+            "order 4 + decay (reach: the episode)": ["--memory-decay"],
         },
         peer=["benchmarks/peers.py", "recurrent-ppo", "--env-id", "popgym-RepeatFirstEasy-v0", "--prev-action"]
         + ["--fsmn-settings"],

@@ -300,14 +300,15 @@ def test_runner_on_a_local_ray_instance(tmp_path):
 
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
-    """The popgym preset's four configs on one task, tiny: the FSMN at two memory lengths, its ablation and the LSTM
-    on the same flattened observation, and a report with POPGym's MMER."""
+    """The popgym preset's five configs on one task, tiny: the FSMN at two memory lengths and with its decayed sum, its
+    ablation and the LSTM on the same flattened observation, and a report with POPGym's MMER."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
     result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 1024", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in (tmp_path / "popgym.md").read_text().splitlines() if line.startswith("| popgym-")]
     names = [row.split("|")[1].strip() for row in rows]
-    assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in ("fsmn", "fsmn_m32", "fsmn_m0", "sb3_recurrent_ppo")]
+    configs = ("fsmn", "fsmn_m32", "fsmn_decay", "fsmn_m0", "sb3_recurrent_ppo")
+    assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in configs]
     assert "| final return | MMER |" in (tmp_path / "popgym.md").read_text()
 
 

@@ -1,6 +1,7 @@
 """ppo_fsmn_cartpole.py: the FSMN against plain references, GAE, autoreset handling, the CLI, POPGym tasks, learning."""
 
 import glob
+import math
 import os
 from types import SimpleNamespace
 
@@ -33,17 +34,28 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 PENDULUM = "popgym-NoisyPositionOnlyPendulumEasy-v0"  # POPGym's continuous-action task
 
 
-def random_agent(memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1) -> "p.Agent":
-    """An agent whose memory taps are random (they start at zero, which would hide a wrong tap)."""
+def random_agent(
+    memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1, memory_decay: bool = False
+) -> "p.Agent":
+    """An agent whose memory taps (and decayed-sum weights d) are random: they start at zero, which would hide a wrong
+    tap; with --memory-decay, its decays are spread wider than the initial ones, from a horizon of 1 step to 400."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
     args = p.Args(
-        memory_order=memory_order, memory_stride=memory_stride, num_blocks=num_blocks, hidden_dim=16, prev_action=False
+        memory_order=memory_order,
+        memory_stride=memory_stride,
+        memory_decay=memory_decay,
+        num_blocks=num_blocks,
+        hidden_dim=16,
+        prev_action=False,
     )
     agent = p.Agent(obs_dim, 2, args)
     with torch.no_grad():
         for block in agent.blocks:
             block.taps.normal_(0.0, 0.5)
+            if memory_decay:
+                block.decay_weights.normal_(0.0, 0.5)
+                block.decay_logits.copy_(torch.linspace(-3.0, 6.0, 16)[torch.randperm(16)])
     return agent
 
 
@@ -70,9 +82,11 @@ def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.T
 
 def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
     """One FSMN block written as the paper's formula with a plain Python loop over time, for B environments at once:
-    h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-iS} (only steps of the same episode);
+    h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-iS} (only steps of the same episode) [+ d e_t, with
+    e_t = lambda e_{t-1} + sqrt(1 - lambda^2) h_t, e = 0 before the episode, lambda = sigmoid(decay_logits)];
     y_t = LayerNorm(x_t + W_out m_t). xs: T tensors (B, H); starts: (T, B) bool, episode starts."""
     hs, outputs, episode_begin = [], [], torch.zeros(starts.shape[1], dtype=torch.long)
+    e = torch.zeros_like(xs[0])
     for t, x in enumerate(xs):
         episode_begin = torch.where(starts[t], t, episode_begin)  # (B,)
         h = torch.tanh(x @ block.proj_in.weight.T + block.proj_in.bias)
@@ -82,6 +96,10 @@ def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list
             lag = i * block.memory_stride
             if t - lag >= 0:
                 m = m + block.taps[i] * hs[t - lag] * (t - lag >= episode_begin).unsqueeze(-1)
+        if block.memory_decay:
+            decay = 1 / (1 + torch.exp(-block.decay_logits))
+            e = torch.where(starts[t].unsqueeze(-1), 0.0, decay * e) + torch.sqrt(1 - decay**2) * h
+            m = m + block.decay_weights * e
         y = x + m @ block.proj_out.weight.T + block.proj_out.bias
         outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
     return outputs
@@ -101,11 +119,12 @@ def reference_agent(agent, obs: torch.Tensor, starts: torch.Tensor) -> tuple[tor
 @pytest.mark.parametrize("num_blocks", [1, 3])
 @pytest.mark.parametrize("lengths", [(1, 1), (5, 12), (20, 20)])
 @pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
-def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_blocks, lengths, reset_prob):
+@pytest.mark.parametrize("memory_decay", [False, True])
+def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_blocks, lengths, reset_prob, memory_decay):
     """Two consecutive rollouts run step by step equal the training pass over each, started from the memory
     the rollout saved at its start (so the test crosses the boundary between two rollouts), and both equal the plain
-    loop of `reference_block`; the memory holds the last N*S hidden states of every block."""
-    agent = random_agent(memory_order, num_blocks, memory_stride=memory_stride)
+    loop of `reference_block`; the memory holds the last N*S hidden states of every block [and its decayed sum]."""
+    agent = random_agent(memory_order, num_blocks, memory_stride=memory_stride, memory_decay=memory_decay)
     t1, t2 = lengths
     num_envs = 5
     generator = torch.Generator().manual_seed(memory_order * 1000 + memory_stride * 100 + num_blocks * 10 + t1)
@@ -117,7 +136,8 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
         logits1, values1 = run_sequence(agent, obs[:t1], memories[0], starts[:t1])
         logits2, values2 = run_sequence(agent, obs[t1:], memories[t1], starts[t1:])
         reference_logits, reference_values = reference_agent(agent, obs, starts)
-    assert memories[-1].shape == (num_blocks, num_envs, memory_order * memory_stride, 16)  # (L, B, N*S, H)
+    # (L, B, N*S [+1], H)
+    assert memories[-1].shape == (num_blocks, num_envs, memory_order * memory_stride + memory_decay, 16)
     torch.testing.assert_close(torch.cat([logits1, logits2]), step_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
     torch.testing.assert_close(step_logits, reference_logits, rtol=0, atol=1e-5)
@@ -126,19 +146,22 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
 
 @pytest.mark.parametrize("memory_order", [0, 2, 6])
 @pytest.mark.parametrize("memory_stride", [1, 2, 3])
-def test_block_matches_the_formula(memory_order, memory_stride):
-    """Tap a_0 weights the current step and a_i the step i*S back."""
+@pytest.mark.parametrize("memory_decay", [False, True])
+def test_block_matches_the_formula(memory_order, memory_stride, memory_decay):
+    """Tap a_0 weights the current step and a_i the step i*S back; d weights the decayed sum e."""
     torch.manual_seed(1)
-    block, span = p.FSMNBlock(8, memory_order, memory_stride), memory_order * memory_stride
+    block, span = p.FSMNBlock(8, memory_order, memory_stride, memory_decay), memory_order * memory_stride
     with torch.no_grad():
         block.taps.copy_(torch.randn_like(block.taps))
+        if memory_decay:
+            block.decay_weights.copy_(torch.randn_like(block.decay_weights))
         xs = [torch.randn(1, 8) for _ in range(15)]
         starts = torch.tensor([t in (0, 4, 5, 11) for t in range(15)]).unsqueeze(1)  # (T, 1)
         expected = torch.cat(reference_block(block, xs, starts))
         ids = torch.cat([torch.zeros(span, 1, dtype=torch.long), torch.cumsum(starts.long(), 0)])  # (N*S+T, 1)
         lagged = torch.stack([ids[span - i * memory_stride :][:15] for i in reversed(range(memory_order + 1))])  # (N+1, T, 1)
         same = (lagged == ids[span:]).unsqueeze(-1).float()  # (N+1, T, 1, 1): oldest tap first, as the Agent builds it
-        got = block.sequence(torch.stack(xs), torch.zeros(1, span, 8), same).squeeze(1)
+        got = block.sequence(torch.stack(xs), torch.zeros(1, span + memory_decay, 8), same, starts).squeeze(1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
@@ -159,12 +182,13 @@ def test_memory_reaches_exactly_memory_order_steps_back(memory_stride):
             assert bool((logits[15] - base[15]).abs().max() > 1e-6) == (k % memory_stride == 0 and k <= 3 * memory_stride), k
 
 
-@pytest.mark.parametrize("memory_order", [1, 8])
+@pytest.mark.parametrize("memory_order", [0, 1, 8])
 @pytest.mark.parametrize("memory_stride", [1, 3])
-def test_nothing_crosses_an_episode_start(memory_order, memory_stride):
+@pytest.mark.parametrize("memory_decay", [False, True])
+def test_nothing_crosses_an_episode_start(memory_order, memory_stride, memory_decay):
     """Changing the observations of a finished episode changes nothing from the next episode's first step on,
     in the rollout (cached steps) and in training (one pass), while it does change the finished episode."""
-    agent = random_agent(memory_order, num_blocks=2, memory_stride=memory_stride)
+    agent = random_agent(memory_order, num_blocks=2, memory_stride=memory_stride, memory_decay=memory_decay)
     obs = torch.randn(24, 2, 3)
     starts = torch.zeros(24, 2, dtype=torch.bool)
     starts[0] = True
@@ -179,6 +203,59 @@ def test_nothing_crosses_an_episode_start(memory_order, memory_stride):
             torch.testing.assert_close(logits_a[10:, 0], logits_b[10:, 0], rtol=0, atol=0)
             torch.testing.assert_close(values_a[14:, 1], values_b[14:, 1], rtol=0, atol=0)
             assert (values_a[:10, 0] - values_b[:10, 0]).abs().max() > 1e-4
+
+
+def test_decayed_sum_matches_a_plain_loop():
+    """The parallel scan against the recurrence step by step: decays from 0.05 to 0.999, a carried e, episode starts
+    anywhere (the first step's too), lengths around powers of two."""
+    generator = torch.Generator().manual_seed(0)
+    decay = torch.linspace(0.05, 0.999, 6)  # (H,)
+    for length in (1, 2, 7, 64, 100):
+        u, e0 = torch.randn(length, 3, 6, generator=generator), torch.randn(3, 6, generator=generator)
+        starts = torch.rand(length, 3, generator=generator) < 0.1
+        starts[0, 1] = True
+        expected, e = [], e0
+        for t in range(length):
+            e = torch.where(starts[t].unsqueeze(-1), 0.0, decay * e) + u[t]
+            expected.append(e)
+        torch.testing.assert_close(p.decayed_sum(u, e0, decay, starts), torch.stack(expected), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("memory_order", [0, 2])
+def test_decayed_memory_reaches_past_the_taps_until_the_episode_ends(memory_order):
+    """With --memory-decay and d non-zero, an observation at step 0 still changes the output 60 steps later, far past
+    the taps' N*S = 2, in the rollout and in training; after an episode start it changes nothing."""
+    agent = random_agent(memory_order, num_blocks=1, memory_decay=True)
+    with torch.no_grad():
+        agent.blocks[0].decay_logits.copy_(torch.log(torch.logspace(math.log10(2), math.log10(200), 16) - 1))  # initial
+    obs, changed = torch.randn(64, 1, 3), torch.randn(64, 1, 3)
+    changed[1:] = obs[1:]  # only step 0 differs
+    starts = torch.zeros(64, 1, dtype=torch.bool)
+    starts[0] = True
+    memory = agent.initial_memory(1, "cpu")
+    with torch.no_grad():
+        # values: the critic's head has unit scale (the actor's 0.01 would shrink the differences)
+        for run in (lambda o, s: run_steps(agent, o, memory, s)[1], lambda o, s: run_sequence(agent, o, memory, s)[1]):
+            assert (run(obs, starts)[60] - run(changed, starts)[60]).abs().max() > 1e-4
+            restarted = starts.clone()
+            restarted[30] = True
+            torch.testing.assert_close(run(obs, restarted)[30:], run(changed, restarted)[30:], rtol=0, atol=0)
+
+
+def test_memory_decay_starts_memoryless():
+    """d starts at zero: at initialisation --memory-decay gives the same outputs as the taps alone (the same seed gives
+    the same weights), and its decays are log-uniform horizons 1/(1-lambda) from 2 to 200 steps."""
+    obs, starts = torch.randn(12, 2, 3), torch.rand(12, 2) < 0.2
+    starts[0] = True
+    outputs = []
+    for memory_decay in (False, True):
+        torch.manual_seed(3)
+        agent = p.Agent(3, 2, p.Args(memory_decay=memory_decay, hidden_dim=16, prev_action=False))
+        with torch.no_grad():
+            outputs.append(run_steps(agent, obs, agent.initial_memory(2, "cpu"), starts)[:2])
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    horizons = 1 / (1 - agent.blocks[0].decay()[0].detach().double())
+    torch.testing.assert_close(horizons, torch.logspace(math.log10(2), math.log10(200), 16).double(), rtol=1e-4, atol=0)
 
 
 def test_running_norm_matches_sb3_running_mean_std():
@@ -217,11 +294,26 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
     assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
 
 
-@pytest.mark.parametrize("prev_action, memory_stride", [(False, 1), (True, 1), (True, 3)])
-def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, memory_stride):
+class RandomMemoryBlock(p.FSMNBlock):
+    """An FSMN block whose memory weights (taps and d) start random, not at zero, so that a wrong memory shows."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        with torch.no_grad():
+            self.taps.normal_(0.0, 0.5)
+            if self.memory_decay:
+                self.decay_weights.normal_(0.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    "prev_action, memory_order, memory_stride, memory_decay",
+    [(False, 4, 1, False), (True, 4, 1, False), (True, 4, 3, False), (True, 4, 3, True), (True, 0, 1, True)],
+)
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, memory_order, memory_stride, memory_decay):
     """Training sees the observations (normalised by the same frozen statistics), the previous actions, the memory and
     the episode masks that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
-    flags = dict(prev_action=prev_action, memory_stride=memory_stride)
+    monkeypatch.setattr(p, "FSMNBlock", RandomMemoryBlock)
+    flags = dict(prev_action=prev_action, memory_order=memory_order, memory_stride=memory_stride, memory_decay=memory_decay)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
