@@ -2,6 +2,7 @@
 line, storages, the report, and tiny studies on CartPole through the CLI: interrupted with Ctrl-C, resumed and
 pruned, and on a local Ray instance."""
 
+import dataclasses
 import glob
 import itertools
 import json
@@ -302,3 +303,23 @@ def test_study_on_a_local_ray_instance(tmp_path):
     assert "=== exit 0" in (tmp_path / "trials" / "0" / "logs" / "CartPole-v1__1.log").read_text()
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'study.db'}")
     assert study.trials[0].intermediate_values and (tmp_path / "tune_tiny_intermediate.png").exists()
+
+
+def test_enqueue_reads_the_scripts_defaults_and_refuses_bad_settings():
+    """--enqueue defaults: the script's own defaults of the space's flags, as its Args has them; a setting is the
+    space's flags with values in range; anything else is one line naming the setting and what it accepts."""
+    space = tune.check_space(tune.PRESETS["continuous"], "preset continuous")
+    defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(import_script("ppo_continuous").Args)}
+    assert tune.enqueued("defaults", space) == {flag: defaults[flag] for flag in space["params"]}
+    assert tune.enqueued("gamma=0.99 --learning-rate 3e-4", space) == {"gamma": 0.99, "learning-rate": 3e-4}
+    for setting, message in [
+        ("gamma=0.9", "--gamma 0.9 is not one of [0.95, 0.98, 0.99, 0.995, 0.999]"),
+        ("update-epochs=2.5", "--update-epochs 2.5 is not an integer in [2, 12]"),
+        ("clip-coef=nan", "--clip-coef nan is not in [0.1, 0.3]"),
+        ("seed=3", "'seed' is not one of the space's flags with a value"),
+        ("learning-rate", "'learning-rate' is not one of the space's flags with a value"),
+    ]:
+        with pytest.raises(SystemExit) as refusal:
+            tune.enqueued(setting, space)
+        assert str(refusal.value).startswith(f"error: --enqueue={setting!r}: {message}")
+        assert "\n" not in str(refusal.value)
