@@ -401,280 +401,6 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
     return replay
 
 
-# TRY NOT TO MODIFY: torch threads
-def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
-    try:
-        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
-            rows = [line.split() for line in f]
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-    busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
-    now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
-    others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
-    last[:] = now, busy, own
-    return max(1, round(len(cpus) - others))
-
-
-# TRY NOT TO MODIFY: checkpoint helpers
-def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
-    """Write atomically: a crash or a full disk mid-write leaves the previous checkpoint intact, and a failed
-    write is one line. With keep > 0, the newest `keep` checkpoints stay beside it as <name>-<step>.pt (hard
-    links where the file system has them)."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    tmp_path = f"{path}.tmp"
-    try:
-        torch.save(checkpoint, tmp_path)
-        os.replace(tmp_path, path)
-        if keep:
-            numbered = f"{path[: -len('.pt')]}-{checkpoint['global_step']}.pt"
-            if os.path.exists(numbered):
-                os.remove(numbered)
-            try:
-                os.link(path, numbered)
-            except OSError:  # a file system without hard links
-                shutil.copyfile(path, numbered)
-    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        free = shutil.disk_usage(folder).free // 1024
-        why = e.strerror if isinstance(e, OSError) and e.strerror else "the write failed"
-        raise SystemExit(
-            f"error: cannot write {path}: {why} ({free} KiB free on its disk); the previous one is kept"
-        ) from None
-    pattern = re.compile(re.escape(os.path.basename(path[: -len(".pt")])) + r"-(\d+)\.pt")
-    steps = sorted(int(m.group(1)) for m in map(pattern.fullmatch, os.listdir(folder)) if m)
-    for step in steps[: max(len(steps) - keep, 0)]:
-        os.remove(f"{path[: -len('.pt')]}-{step}.pt")
-
-
-def load_checkpoint(path: str, flag: str) -> dict:
-    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
-    if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: {flag}={path} does not exist")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
-    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
-    if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
-    return checkpoint
-
-
-def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
-    kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
-
-
-def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    kind, key, *rest = states["numpy"]
-    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
-    torch.set_rng_state(states["torch"])
-    torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
-
-
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
-    return {
-        "script": SCRIPT,
-        "args": asdict(args),
-        "run_name": run_name,
-        "model": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "rng_states": rng_states(),
-    }
-
-
-# TRY NOT TO MODIFY: run helpers
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-
-
-def cli(argv: list[str] | None = None) -> Args:
-    """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
-    change."""
-    argv = sys.argv[1:] if argv is None else argv
-    default = None
-    for i, arg in enumerate(argv):
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
-            default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
-    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
-
-
-def check_names(args: Args) -> None:
-    """Names that become folders stay inside runs/ and videos/; W&B's names hold no character it refuses."""
-    for flag in ("exp_name", "env_id"):
-        value = getattr(args, flag)
-        if ".." in re.split(r"[\\/]", value) or value.startswith(("/", "\\")):
-            raise SystemExit(
-                f"error: --{flag.replace('_', '-')}={value} must not start with / or hold a .. part: "
-                "it names folders in runs/ and videos/"
-            )
-    for flag in ("wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags"):
-        value = getattr(args, flag)
-        for name in value if isinstance(value, tuple) else [] if value is None else [value]:
-            if not name or set(name) & set("/\\#?%:") or len(name) > 64:
-                refused = f"--{flag.replace('_', '-')}={name}"
-                raise SystemExit(f"error: {refused} must be 1 to 64 characters, none of /\\#?%:")
-
-
-def run_folders(run_name: str, resume: str | None) -> tuple[str, str, str]:
-    """The run's folder, its videos' folder and the folder that holds runs/: runs/<run_name>,
-    videos/<run_name> and the working folder. A resumed run's are its checkpoint's folder and, when that is
-    <root>/runs/<run_name>, the videos/<run_name> and wandb/ beside it, wherever the run is resumed from."""
-    if ".." in re.split(r"[\\/]", run_name) or os.path.isabs(run_name):
-        raise SystemExit(f"error: --resume={resume} holds the run name {run_name}, which leaves runs/")
-    if resume is None:
-        return os.path.join("runs", run_name), os.path.join("videos", run_name), "."
-    run_dir, tail = os.path.dirname(resume) or ".", os.sep + os.path.join("runs", os.path.normpath(run_name))
-    absolute = os.path.abspath(run_dir)
-    root = absolute[: -len(tail)] or os.sep if absolute.endswith(tail) else "."
-    return run_dir, os.path.join(root, "videos", run_name), root
-
-
-def start_wandb(args: Args, name: str, root: str, job_type: str):
-    """A W&B run with the config and the code (wherever the script runs from); training's syncs TensorBoard's
-    events, and a resumed run goes on in its first part's W&B run, whose id comes from the run name."""
-    import wandb
-
-    run = wandb.init(
-        project=args.wandb_project_name,
-        entity=args.wandb_entity,
-        group=args.wandb_group,
-        tags=list(args.wandb_tags) or None,
-        job_type=job_type,
-        sync_tensorboard=job_type == "train",
-        config=vars(args),
-        name=name,
-        id=hashlib.sha256(name.encode()).hexdigest()[:16],
-        resume="allow",
-        dir=root,
-        save_code=True,
-    )
-    # save_code alone skips a script outside the working folder's repository
-    script = os.path.abspath(__file__)
-    run.log_code(os.path.dirname(script), include_fn=lambda path, root: os.path.abspath(path) == script)
-    return run
-
-
-def log_new_videos(wandb_run, video_dir: str, logged: set[str]) -> None:
-    """Send W&B the videos written since the last call (a file appears once its video is complete)."""
-    import wandb
-
-    for video in sorted(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4"))):
-        if video not in logged:  # wandb's own gym hook fails on gymnasium 1.x
-            logged.add(video)
-            wandb_run.log({"videos": wandb.Video(video)})
-
-
-def status(recent_returns: list[float], sps: int) -> str:
-    if not recent_returns:
-        return f"no episode finished yet, {sps} steps/s"
-    return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
-
-
-def summarize(
-    run_dir: str,
-    checkpoint_path: str,
-    saved: dict | None,
-    global_step: int,
-    sps: int,
-    seconds: float,
-    recent_returns: list[float],
-) -> None:
-    """The end of a run in at most three lines: where it got and how fast, its checkpoint, its curves."""
-    print(f"step {global_step}: {status(recent_returns, sps)}, {seconds:.0f} s")
-    if saved is not None:
-        print(f"checkpoint: {checkpoint_path} (iteration {saved['iteration']}, step {saved['global_step']})")
-    print(f"tensorboard --logdir {shlex.quote(run_dir)}")
-
-
-def run_evaluation(args: Args, device: torch.device) -> None:
-    """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
-    to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
-    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
-    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
-    video_dir = os.path.join("videos", name)
-    wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
-    video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
-    episodes, deterministic = args.eval_episodes, args.eval_deterministic
-    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
-    print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
-    if args.capture_video:
-        print(f"videos: {video_dir}")
-    if wandb_run is not None:
-        for episode, episodic_return in enumerate(returns):
-            wandb_run.log({"eval/episodic_return": episodic_return, "eval/episode": episode + 1})
-        wandb_run.summary["eval/mean_return"] = float(np.mean(returns))
-        log_new_videos(wandb_run, video_dir, set())
-        wandb_run.finish()
-
-
-# ALGO LOGIC: evaluation
-def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
-    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
-    envs = make_envs(args.env_id, 1, training=False)
-    agent = Agent(envs.single_action_space.n, args).to(device)
-    envs.close()
-    try:
-        agent.load_state_dict(checkpoint["model"])
-    except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
-    return agent, args
-
-
-@torch.no_grad()
-def evaluate(
-    checkpoint_path: str,
-    episodes: int,
-    deterministic: bool,
-    device: torch.device,
-    seed: int,
-    video_path: str = "",
-) -> list[float]:
-    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
-    as its game ends and return them; with a video_path (folder/name start), record games as training does."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
-    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
-    action_set = list(envs.unwrapped.ale.get_action_set())
-    fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
-    obs, infos = envs.reset(seed=seed)
-    scores, lives, frames = [], infos["lives"], []
-    while len(scores) < episodes:
-        logits, _ = agent(torch.as_tensor(obs, device=device))
-        action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
-            action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
-        lives = infos["lives"]
-        obs, _, _, _, infos = envs.step(action.cpu().numpy())
-        game_over = "episode" in infos
-        if video_path:  # env 0's games as the agent sees them, as in training; a game ends on its final frame
-            frames.append((infos["final_obs"] if game_over else obs)[0, -1])
-        if game_over:
-            scores.append(float(infos["episode"]["r"][0]))
-            print(f"episode {len(scores)}: return {scores[-1]:.2f}")
-            if video_path and capped_cubic_video_schedule(len(scores) - 1):
-                folder, prefix = os.path.split(video_path)
-                frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in frames]
-                save_video(frames, folder, episode_index=len(scores) - 1, fps=15, name_prefix=prefix)
-            frames = []
-    envs.close()
-    return scores
-
-
 def main(args: Args) -> None:
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
@@ -947,6 +673,286 @@ def main(args: Args) -> None:
         summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
         if not_saved is not None:
             raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, the infrastructure that a reader of the algorithm does not need first: torch threads, checkpoints,
+# the run's helpers (the same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
+
+
+# TRY NOT TO MODIFY: torch threads
+def free_cores(last: list[float]) -> int:
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
+    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    try:
+        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+            rows = [line.split() for line in f]
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+    busy = sum(int(r[1]) + int(r[2]) + int(r[3]) + int(r[6]) + int(r[7]) for r in rows if r[0] in cpus)
+    now, busy, own = time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
+    others = (busy - last[1] - (own - last[2])) / (now - last[0]) if last else 0.0
+    last[:] = now, busy, own
+    return max(1, round(len(cpus) - others))
+
+
+# TRY NOT TO MODIFY: checkpoint helpers
+def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
+    """Write atomically: a crash or a full disk mid-write leaves the previous checkpoint intact, and a failed
+    write is one line. With keep > 0, the newest `keep` checkpoints stay beside it as <name>-<step>.pt (hard
+    links where the file system has them)."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp_path = f"{path}.tmp"
+    try:
+        torch.save(checkpoint, tmp_path)
+        os.replace(tmp_path, path)
+        if keep:
+            numbered = f"{path[: -len('.pt')]}-{checkpoint['global_step']}.pt"
+            if os.path.exists(numbered):
+                os.remove(numbered)
+            try:
+                os.link(path, numbered)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(path, numbered)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        free = shutil.disk_usage(folder).free // 1024
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "the write failed"
+        raise SystemExit(
+            f"error: cannot write {path}: {why} ({free} KiB free on its disk); the previous one is kept"
+        ) from None
+    pattern = re.compile(re.escape(os.path.basename(path[: -len(".pt")])) + r"-(\d+)\.pt")
+    steps = sorted(int(m.group(1)) for m in map(pattern.fullmatch, os.listdir(folder)) if m)
+    for step in steps[: max(len(steps) - keep, 0)]:
+        os.remove(f"{path[: -len('.pt')]}-{step}.pt")
+
+
+def load_checkpoint(path: str, flag: str) -> dict:
+    """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {flag}={path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != SCRIPT:
+        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+    return checkpoint
+
+
+def rng_states() -> dict:
+    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    kind, key, *rest = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
+    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    kind, key, *rest = states["numpy"]
+    np.random.set_state((kind, np.array(key, dtype=np.uint32), *rest))
+    torch.set_rng_state(states["torch"])
+    torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
+
+
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+    return {
+        "script": SCRIPT,
+        "args": asdict(args),
+        "run_name": run_name,
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "rng_states": rng_states(),
+    }
+
+
+# TRY NOT TO MODIFY: run helpers
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def cli(argv: list[str] | None = None) -> Args:
+    """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
+    change."""
+    argv = sys.argv[1:] if argv is None else argv
+    default = None
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if flag == "--resume" and (value or i + 1 < len(argv)):
+            saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
+            default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
+    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
+
+
+def check_names(args: Args) -> None:
+    """Names that become folders stay inside runs/ and videos/; W&B's names hold no character it refuses."""
+    for flag in ("exp_name", "env_id"):
+        value = getattr(args, flag)
+        if ".." in re.split(r"[\\/]", value) or value.startswith(("/", "\\")):
+            raise SystemExit(
+                f"error: --{flag.replace('_', '-')}={value} must not start with / or hold a .. part: "
+                "it names folders in runs/ and videos/"
+            )
+    for flag in ("wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags"):
+        value = getattr(args, flag)
+        for name in value if isinstance(value, tuple) else [] if value is None else [value]:
+            if not name or set(name) & set("/\\#?%:") or len(name) > 64:
+                refused = f"--{flag.replace('_', '-')}={name}"
+                raise SystemExit(f"error: {refused} must be 1 to 64 characters, none of /\\#?%:")
+
+
+def run_folders(run_name: str, resume: str | None) -> tuple[str, str, str]:
+    """The run's folder, its videos' folder and the folder that holds runs/: runs/<run_name>,
+    videos/<run_name> and the working folder. A resumed run's are its checkpoint's folder and, when that is
+    <root>/runs/<run_name>, the videos/<run_name> and wandb/ beside it, wherever the run is resumed from."""
+    if ".." in re.split(r"[\\/]", run_name) or os.path.isabs(run_name):
+        raise SystemExit(f"error: --resume={resume} holds the run name {run_name}, which leaves runs/")
+    if resume is None:
+        return os.path.join("runs", run_name), os.path.join("videos", run_name), "."
+    run_dir, tail = os.path.dirname(resume) or ".", os.sep + os.path.join("runs", os.path.normpath(run_name))
+    absolute = os.path.abspath(run_dir)
+    root = absolute[: -len(tail)] or os.sep if absolute.endswith(tail) else "."
+    return run_dir, os.path.join(root, "videos", run_name), root
+
+
+def start_wandb(args: Args, name: str, root: str, job_type: str):
+    """A W&B run with the config and the code (wherever the script runs from); training's syncs TensorBoard's
+    events, and a resumed run goes on in its first part's W&B run, whose id comes from the run name."""
+    import wandb
+
+    run = wandb.init(
+        project=args.wandb_project_name,
+        entity=args.wandb_entity,
+        group=args.wandb_group,
+        tags=list(args.wandb_tags) or None,
+        job_type=job_type,
+        sync_tensorboard=job_type == "train",
+        config=vars(args),
+        name=name,
+        id=hashlib.sha256(name.encode()).hexdigest()[:16],
+        resume="allow",
+        dir=root,
+        save_code=True,
+    )
+    # save_code alone skips a script outside the working folder's repository
+    script = os.path.abspath(__file__)
+    run.log_code(os.path.dirname(script), include_fn=lambda path, root: os.path.abspath(path) == script)
+    return run
+
+
+def log_new_videos(wandb_run, video_dir: str, logged: set[str]) -> None:
+    """Send W&B the videos written since the last call (a file appears once its video is complete)."""
+    import wandb
+
+    for video in sorted(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4"))):
+        if video not in logged:  # wandb's own gym hook fails on gymnasium 1.x
+            logged.add(video)
+            wandb_run.log({"videos": wandb.Video(video)})
+
+
+def status(recent_returns: list[float], sps: int) -> str:
+    if not recent_returns:
+        return f"no episode finished yet, {sps} steps/s"
+    return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
+
+
+def summarize(
+    run_dir: str,
+    checkpoint_path: str,
+    saved: dict | None,
+    global_step: int,
+    sps: int,
+    seconds: float,
+    recent_returns: list[float],
+) -> None:
+    """The end of a run in at most three lines: where it got and how fast, its checkpoint, its curves."""
+    print(f"step {global_step}: {status(recent_returns, sps)}, {seconds:.0f} s")
+    if saved is not None:
+        print(f"checkpoint: {checkpoint_path} (iteration {saved['iteration']}, step {saved['global_step']})")
+    print(f"tensorboard --logdir {shlex.quote(run_dir)}")
+
+
+def run_evaluation(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
+    to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
+    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
+    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
+    video_dir = os.path.join("videos", name)
+    wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
+    video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
+    episodes, deterministic = args.eval_episodes, args.eval_deterministic
+    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
+    print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
+    if args.capture_video:
+        print(f"videos: {video_dir}")
+    if wandb_run is not None:
+        for episode, episodic_return in enumerate(returns):
+            wandb_run.log({"eval/episodic_return": episodic_return, "eval/episode": episode + 1})
+        wandb_run.summary["eval/mean_return"] = float(np.mean(returns))
+        log_new_videos(wandb_run, video_dir, set())
+        wandb_run.finish()
+
+
+# ALGO LOGIC: evaluation
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
+    envs = make_envs(args.env_id, 1, training=False)
+    agent = Agent(envs.single_action_space.n, args).to(device)
+    envs.close()
+    try:
+        agent.load_state_dict(checkpoint["model"])
+    except RuntimeError:
+        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+    return agent, args
+
+
+@torch.no_grad()
+def evaluate(
+    checkpoint_path: str,
+    episodes: int,
+    deterministic: bool,
+    device: torch.device,
+    seed: int,
+    video_path: str = "",
+) -> list[float]:
+    """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
+    as its game ends and return them; with a video_path (folder/name start), record games as training does."""
+    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
+    action_set = list(envs.unwrapped.ale.get_action_set())
+    fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    obs, infos = envs.reset(seed=seed)
+    scores, lives, frames = [], infos["lives"], []
+    while len(scores) < episodes:
+        logits, _ = agent(torch.as_tensor(obs, device=device))
+        action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
+            action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
+        lives = infos["lives"]
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        game_over = "episode" in infos
+        if video_path:  # env 0's games as the agent sees them, as in training; a game ends on its final frame
+            frames.append((infos["final_obs"] if game_over else obs)[0, -1])
+        if game_over:
+            scores.append(float(infos["episode"]["r"][0]))
+            print(f"episode {len(scores)}: return {scores[-1]:.2f}")
+            if video_path and capped_cubic_video_schedule(len(scores) - 1):
+                folder, prefix = os.path.split(video_path)
+                frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in frames]
+                save_video(frames, folder, episode_index=len(scores) - 1, fps=15, name_prefix=prefix)
+            frames = []
+    envs.close()
+    return scores
 
 
 if __name__ == "__main__":
