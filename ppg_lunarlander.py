@@ -272,10 +272,13 @@ class RunningNorm(nn.Module):
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
-def mlp(in_dim: int, hidden_dim: int) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, hidden_dim)), nn.Tanh(), layer_init(nn.Linear(hidden_dim, hidden_dim)), nn.Tanh()
-    )
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
+    """Linear + tanh layers of the given widths (CleanRL's MLP trunk)."""
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers)
 
 
 class Agent(nn.Module):
@@ -285,10 +288,12 @@ class Agent(nn.Module):
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
-        self.actor_trunk = mlp(obs_dim, args.hidden_dim)
+        self.actor_trunk = mlp(obs_dim, (args.hidden_dim, args.hidden_dim))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.aux_critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
-        self.critic = nn.Sequential(mlp(obs_dim, args.hidden_dim), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0))
+        self.critic = nn.Sequential(
+            mlp(obs_dim, (args.hidden_dim, args.hidden_dim)), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+        )
         self.return_norm = RunningNorm(1)  # for reward scaling: value targets near unit scale, as the auxiliary loss needs
         self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
         self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
@@ -334,6 +339,7 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+AUX_LOSS_NAMES = ("kl_loss", "aux_value_loss", "real_value_loss")
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool) -> tuple:
@@ -376,7 +382,7 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_pol
 def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) -> tuple[torch.Tensor, torch.Tensor]:
     """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value head's error
     plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value network. Returns the loss
-    and (KL, auxiliary value loss, value loss), without a host sync."""
+    and its stats, named in AUX_LOSS_NAMES, without a host sync."""
     probs, aux_value = agent.get_pi_and_aux_value(mb_obs)
     kl_loss = torch.distributions.kl_divergence(Categorical(logits=mb_old_logits, validate_args=False), probs).mean()
     aux_value_loss = 0.5 * ((aux_value - mb_returns) ** 2).mean()
@@ -385,9 +391,9 @@ def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) 
     return loss, torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
 
 
-def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> list[float]:
+def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> dict[str, float]:
     """E_aux epochs over every stored observation, in minibatches of whole env rollouts, at the optimizer's current
-    learning rate. Returns the mean (KL, auxiliary value loss, value loss) over all minibatches."""
+    learning rate. Returns the stats named in AUX_LOSS_NAMES, averaged over all minibatches."""
     obs_dim = agent.phase_obs.shape[-1]
     # (n_iteration * num_envs, num_steps, ...): one row per env rollout
     aux_obs = agent.phase_obs.transpose(1, 2).reshape(-1, args.num_steps, obs_dim)
@@ -405,16 +411,19 @@ def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) 
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             stats.append(mb_stats)
-    return torch.stack(stats).mean(0).tolist()
+    return dict(zip(AUX_LOSS_NAMES, torch.stack(stats).mean(0).tolist()))
 
 
 def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     check_names(args)
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
     check_env_args(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -474,7 +483,7 @@ def main(args: Args) -> None:
             raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -608,7 +617,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     stats.append(mb_stats)
 
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                if args.target_kl is not None and dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"].item() > args.target_kl:
                     break
 
             # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
@@ -616,9 +625,8 @@ def main(args: Args) -> None:
                 aux_start = time.time()
                 aux_stats = auxiliary_phase(agent, optimizer, args)
                 writer.add_scalar("charts/aux_phase_seconds", time.time() - aux_start, global_step)
-                writer.add_scalar("losses/aux/kl_loss", aux_stats[0], global_step)
-                writer.add_scalar("losses/aux/aux_value_loss", aux_stats[1], global_step)
-                writer.add_scalar("losses/aux/real_value_loss", aux_stats[2], global_step)
+                for name, value in aux_stats.items():
+                    writer.add_scalar(f"losses/aux/{name}", value, global_step)
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
             weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
@@ -929,6 +937,7 @@ def evaluate(
     a video_path (folder/name start), record those that RecordVideo's schedule picks."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path)()
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)

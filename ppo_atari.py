@@ -110,7 +110,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches"""
+    """the number of mini-batches (formed over samples: it must divide num_envs * num_steps)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
@@ -402,12 +402,15 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
 
 
 def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     check_names(args)
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
     if args.cudagraphs and device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device (none is available here, or --no-cuda was given)")
     atari_settings(args.env_id)
@@ -618,7 +621,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     stats.append(mb_stats)
 
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                if args.target_kl is not None and dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
@@ -931,6 +934,7 @@ def evaluate(
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     obs, infos = envs.reset(seed=seed)
     scores, lives, frames = [], infos["lives"], []
     while len(scores) < episodes:

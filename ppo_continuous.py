@@ -41,7 +41,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.distributions import Normal, TanhTransform
 from torch.utils.tensorboard import SummaryWriter
@@ -94,7 +93,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "Pendulum-v1"
-    """the id of the environment (a gymnasium id with a Box action space)"""
+    """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
     learning_rate: float = 1e-3
@@ -262,15 +261,6 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
-    """Linear + tanh layers of the given widths (CleanRL's continuous-action trunk)."""
-    layers, width = [], in_dim
-    for size in hidden_sizes:
-        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
-        width = size
-    return nn.Sequential(*layers)
-
-
 class RunningNorm(nn.Module):
     """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
     +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
@@ -295,7 +285,19 @@ class RunningNorm(nn.Module):
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
+    """Linear + tanh layers of the given widths (CleanRL's MLP trunk)."""
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers)
+
+
 class Agent(nn.Module):
+    """A tanh-squashed Gaussian actor (an MLP trunk, a mean head with std 0.01, a log-std) and an MLP critic (std 1).
+    The observation and return statistics are buffers, so checkpoints carry them."""
+
     def __init__(self, obs_dim: int, action_space: gym.spaces.Box, args: Args):
         super().__init__()
         act_dim = action_space.shape[0]
@@ -317,13 +319,14 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)  # (B,)
 
     def get_action_and_value(self, x, action=None):
-        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u). Returns u, its exact
-        log-prob (B,), the one-sample entropy estimate (B,) (None when drawn: only training uses it) and the value (B,)."""
+        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u).
+        Returns u, its exact log-probability (B,), the one-sample entropy estimate (B,) (None when drawn:
+        only training uses it) and the value (B,)."""
         hidden = self.actor_trunk(x)
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
         action_logstd = action_logstd.clamp(self.log_std_min, self.log_std_max)  # (B, A) or (1, A), broadcast
-        if action is None:  # the rollout's call: a sample and its exact log-prob, without the entropy (training's)
+        if action is None:  # the rollout's call: a sample and its exact log-probability, without the entropy (training's)
             action, logprob = sample_squashed_gaussian(action_mean, action_logstd, self.action_low, self.action_high)
             return action, logprob, None, self.get_value(x)
         probs = Normal(action_mean, action_logstd.exp(), validate_args=False)
@@ -365,12 +368,14 @@ def squash_log_abs_det(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -
 
 
 def sample_squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple:
-    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-prob (B,) of squash_action(u), written out:
+    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-probability (B,) of squash_action(u), written out:
     the rollout's sampler, as Normal's and TanhTransform's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
     noise = torch.randn_like(mean)
     u = mean + log_std.exp() * noise
     log_normal = -0.5 * noise**2 - log_std - 0.5 * math.log(2.0 * math.pi)
-    log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u)) + torch.log((high - low) / 2.0)  # as squash_log_abs_det
+    log_det = 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u)) + torch.log(
+        (high - low) / 2.0
+    )  # as squash_log_abs_det
     return u, (log_normal - log_det).sum(-1)
 
 
@@ -409,12 +414,15 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 
 
 def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     check_names(args)
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
     check_env_args(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -439,7 +447,7 @@ def main(args: Args) -> None:
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    obs_dim = envs.single_observation_space.shape[0]
 
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -476,8 +484,10 @@ def main(args: Args) -> None:
             raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
-    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)  # pre-squash samples u, not env actions
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)  # raw observations
+    actions = torch.zeros(
+        (args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device
+    )  # pre-squash samples u, not env actions
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -605,7 +615,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     stats.append(mb_stats)
 
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                if args.target_kl is not None and dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
@@ -630,7 +640,8 @@ def main(args: Args) -> None:
 
             # ALGO LOGIC: periodic evaluation; best.pt keeps the best policy so far, across --resume (Ctrl-C waits for it)
             if args.eval_interval and iteration % args.eval_interval == 0:
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # training's RNG untouched
+                # training's RNG untouched
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
                     eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
                 eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run_dir, "best.pt")
                 writer.add_scalar("charts/eval_return", eval_return, global_step)
@@ -916,6 +927,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     return agent, args
 
 
+@torch.no_grad()
 def evaluate(
     checkpoint_path: str,
     episodes: int,
@@ -930,7 +942,6 @@ def evaluate(
     return play(agent, saved_args.env_id, episodes, deterministic, device, seed, video_path, talk=True)
 
 
-@torch.no_grad()
 def play(
     agent: Agent,
     env_id: str,
@@ -943,7 +954,7 @@ def play(
 ) -> list[float]:
     """Play `episodes` whole episodes (env seeds seed, seed + 1, ...; torch seeded with seed) and return their
     returns (printed as each ends when `talk`); with a video_path, record them as `evaluate` does."""
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     env = make_env(env_id, 0, bool(video_path), video_path)()
     returns = []
     for episode in range(episodes):

@@ -97,7 +97,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task"""
+    """the id of the environment (a gymnasium id with a Discrete action space, or a POPGym task)"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -466,12 +466,15 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 
 
 def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     check_names(args)
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
     check_env_args(args.env_id, args.mask_velocity, args.capture_video)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -533,7 +536,7 @@ def main(args: Args) -> None:
             raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # actions[t-1], per env
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -660,7 +663,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     stats.append(mb_stats)
 
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                if args.target_kl is not None and dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
@@ -978,6 +981,7 @@ def evaluate(
     return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
     agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path, saved_args.mask_velocity)()
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)

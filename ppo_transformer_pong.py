@@ -334,7 +334,7 @@ class Agent(nn.Module):
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
         self.lookback, self.n_heads, self.d_model = args.lookback, args.n_heads, args.d_model
-        self.encoder = nn.Sequential(  # ppo_atari.py says `network`; saved checkpoints of this script hold `encoder`
+        self.network = nn.Sequential(
             layer_init(nn.Conv2d(1, 32, 8, stride=4)),  # (B, 32, 20, 20)
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (B, 64, 9, 9)
@@ -352,6 +352,13 @@ class Agent(nn.Module):
         # channels-last is the faster layout in float32, the slower under bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
+        self.register_load_state_dict_pre_hook(self.rename_encoder)
+
+    @staticmethod
+    def rename_encoder(module, state_dict: dict, prefix: str, *_) -> None:
+        """Checkpoints that name the convolutions `encoder` load as `network`."""
+        for key in [k for k in state_dict if k.startswith(f"{prefix}encoder.")]:
+            state_dict[f"{prefix}network.{key[len(prefix) + len('encoder.') :]}"] = state_dict.pop(key)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> Memory:
         shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
@@ -362,7 +369,7 @@ class Agent(nn.Module):
         """x: (N, 1, 84, 84) uint8 frames -> tokens (N, D), in the compute dtype."""
         # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
         x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
-        return self.encoder(x.div_(255.0))
+        return self.network(x.div_(255.0))
 
     def get_states(self, x, memory, episode_starts):
         """One cached step for every env. x: (B, 1, 84, 84) uint8; episode_starts: (B,) bool. Returns the hidden states
@@ -476,12 +483,15 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 
 
 def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
     cpu_reading = []  # free_cores' last reading
     torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     check_names(args)
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
     atari_settings(args.env_id)
     checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
@@ -675,7 +685,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     stats.append(mb_stats)
 
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
+                if args.target_kl is not None and dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
@@ -990,6 +1000,7 @@ def evaluate(
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     obs, infos = envs.reset(seed=seed)
     memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
     scores, lives, frames = [], infos["lives"], []
