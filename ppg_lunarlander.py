@@ -233,7 +233,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
 
 def check_env_args(env_id: str) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, a non-flat
+    """One clear line for an env this script cannot run: unknown id, non-Discrete actions, a non-flat
     observation."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
@@ -512,7 +512,8 @@ def main(args: Args) -> None:
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
     # what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -597,7 +598,8 @@ def main(args: Args) -> None:
                     zeros = np.zeros(obs_dim)
                     final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
                     with torch.no_grad():
-                        final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        final_value = agent.get_value(final_obs)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
@@ -613,9 +615,8 @@ def main(args: Args) -> None:
                     sps = int((global_step - start_step) / (time.time() - start_time))
                     print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
 
-            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward
-            # (Engstrom et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward): the statistics take in the
-            # rollout's returns first
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom
+            # et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), statistics updated first
             if args.norm_reward:
                 rollout_returns = np.zeros_like(rewards_np)
                 for t in range(args.num_steps):
@@ -697,7 +698,13 @@ def main(args: Args) -> None:
                 if iteration % args.save_interval == 0:
                     save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
     except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
         raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
@@ -993,8 +1000,8 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy, print each return as it ends and return them; with
-    a video_path (folder/name start), record those that RecordVideo's schedule picks."""
+    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and
+    return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
     checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path)()
@@ -1004,7 +1011,8 @@ def evaluate(
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            probs, _ = agent.get_pi_and_aux_value(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            probs, _ = agent.get_pi_and_aux_value(obs_t)
             action = probs.logits.argmax(-1) if deterministic else probs.sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
             total += float(reward)

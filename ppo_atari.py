@@ -324,8 +324,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits, value = self(x)
-        # a check is a host sync, which a CUDA graph cannot hold
-        probs = Categorical(logits=logits, validate_args=False)
+        probs = Categorical(logits=logits, validate_args=False)  # no check: CUDA graphs hold no host sync
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), value
@@ -503,9 +502,9 @@ def main(args: Args) -> None:
             raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
-    # frames stay uint8 on the device, what the env returns in numpy until the rollout ends
+    # what the env returns stays in numpy until the rollout ends
     obs_shape = envs.single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)  # frames
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -527,8 +526,7 @@ def main(args: Args) -> None:
         # the annealed rate (`lr` keeps it alive: the graph holds only its address)
         lr = optimizer.param_groups[0]["lr"] = torch.tensor(lr, device=device)
 
-        # the minibatch loop's update, as one function to capture
-        def update(*minibatch: torch.Tensor) -> torch.Tensor:
+        def update(*minibatch: torch.Tensor) -> torch.Tensor:  # the minibatch loop's update, to capture
             loss, mb_stats = loss_fn(agent, args, *minibatch)
             optimizer.zero_grad()
             loss.backward()
@@ -655,8 +653,7 @@ def main(args: Args) -> None:
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     batch = (obs, actions, logprobs, advantages, returns, values)
                     minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
-                    # the five lines below, replayed as one captured graph at the annealed rate
-                    if args.cudagraphs:
+                    if args.cudagraphs:  # the five lines below, as one captured graph at the annealed rate
                         lr.fill_(optimizer.param_groups[0]["lr"])
                         stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
                         continue
@@ -699,7 +696,13 @@ def main(args: Args) -> None:
                 if iteration % args.save_interval == 0:
                     save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
     except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
         raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint

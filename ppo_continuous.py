@@ -510,11 +510,10 @@ def main(args: Args) -> None:
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
     # what the env returns stays in numpy until the rollout ends
-    # raw observations
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
-    actions = torch.zeros(
-        (args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device
-    )  # pre-squash samples u, not env actions
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
+    # pre-squash samples u, not env actions
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -592,8 +591,8 @@ def main(args: Args) -> None:
                     zeros = np.zeros(obs_dim)
                     final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
                     with torch.no_grad():
-                        final_obs = agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
-                        final_value = agent.get_value(final_obs)
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        final_value = agent.get_value(agent.obs_norm(final_obs))
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
@@ -609,9 +608,8 @@ def main(args: Args) -> None:
                     sps = int((global_step - start_step) / (time.time() - start_time))
                     print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
 
-            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward
-            # (Engstrom et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward): the statistics take in the
-            # rollout's returns first
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom
+            # et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), statistics updated first
             if args.norm_reward:
                 rollout_returns = np.zeros_like(rewards_np)
                 for t in range(args.num_steps):
@@ -632,8 +630,7 @@ def main(args: Args) -> None:
                 next_value = agent.get_value(agent.obs_norm(next_obs))
                 gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
-                # (T, B, obs_dim): exactly what the policy saw, the statistics were frozen
-                seen_obs = agent.obs_norm(obs)
+                seen_obs = agent.obs_norm(obs)  # (T, B, ...): the policy's input, the statistics were frozen
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
@@ -699,7 +696,13 @@ def main(args: Args) -> None:
                 if iteration % args.save_interval == 0:
                     save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
     except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
         raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
@@ -995,8 +998,8 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and return them;
-    with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
+    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and
+    return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
     checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     return play(agent, saved_args.env_id, episodes, deterministic, device, seed, video_path, talk=True)

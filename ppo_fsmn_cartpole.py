@@ -567,11 +567,10 @@ def main(args: Args) -> None:
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
     # what the env returns stays in numpy until the rollout ends
-    # raw observations
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    # actions[t-1], per env
-    prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # a[t-1]
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -584,8 +583,7 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
-    # the previous action, unused at a start
-    action = torch.zeros(args.num_envs, dtype=torch.long, device=device)
+    action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # a[t-1], unused at a start
 
     # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
     if args.total_timesteps % args.batch_size:
@@ -682,8 +680,7 @@ def main(args: Args) -> None:
                 next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
                 gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
-                # (T, B, ...): what the policy saw
-                seen_obs = agent.observe(obs, prev_actions, episode_starts)
+                seen_obs = agent.observe(obs, prev_actions, episode_starts)  # (T, B, ...): the policy's input
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
@@ -696,8 +693,7 @@ def main(args: Args) -> None:
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
                     minibatch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
-                    # envs are dim 1
-                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))
+                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # dim 1: envs
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

@@ -310,29 +310,24 @@ class TransformerLayer(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
-        # (H, W+1): [h, d] for a key d steps back
-        self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))
+        self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): head, steps back
 
     def forward(self, x, kv_cache, visible, distance, slot):
-        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each may attend to; distance: (T,
-        keys), steps back from each new token to each key. Returns (B, T, D). With slot None (a sequence),
+        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each attends to (its own step
+        included); distance: (T, keys), steps back to each key. Returns (B, T, D). Slot None (a sequence):
         kv_cache (2, B, H, W, D/H) holds the W = lookback steps before the new tokens, oldest first, and the
-        new keys and values are appended to a copy; with slot (1,) (one step, T = 1), kv_cache (2, B, H, W+1,
-        D/H) is a ring buffer written at `slot` in place (it stays float32 under --bf16, its values rounded to
-        bfloat16 as they come)."""
+        new keys and values are appended to a copy. Slot (1,) (one step, T = 1): kv_cache (2, B, H, W+1, D/H)
+        is a ring buffer written at `slot` in place (float32 under --bf16, its values rounded to bfloat16)."""
         B, T, D = x.shape
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D/H)
         if slot is None:
             kv = torch.cat([kv_cache.to(qkv.dtype), qkv[1:]], dim=3)  # (2, B, H, W+T, D/H)
         else:
-            # (2, B, H, W+1, D/H)
-            kv = kv_cache.index_copy_(3, slot, qkv[1:].to(kv_cache.dtype)).to(qkv.dtype)
+            kv = kv_cache.index_copy_(3, slot, qkv[1:].to(kv_cache.dtype)).to(qkv.dtype)  # (2, B, H, W+1, D/H)
         bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, keys)
-        # (B, H, T, keys); a row sees its own step
-        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)
-        # (B, H, T, D/H)
-        attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)
+        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, keys)
+        attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)  # (B, H, T, D/H)
         x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
 
@@ -400,8 +395,7 @@ class Agent(nn.Module):
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
                           distance   1   0   3   2      episode), with the bias of the slot's distance"""
         kv, valid, slot = memory
-        # MEMORY RESET: an episode that begins attends to nothing before it
-        valid = valid & ~episode_starts.unsqueeze(1)
+        valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: a new episode sees nothing before it
         valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
         distance = (slot - torch.arange(self.lookback + 1, device=x.device)) % (self.lookback + 1)  # (W+1,)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -433,16 +427,12 @@ class Agent(nn.Module):
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
         kv, valid, slot = memory
         (T, B), W = episode_starts.shape, self.lookback
-        # (W,): the ring's last W steps
-        oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)
-        # (L, 2, B, H, W, D/H), (B, W)
-        kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)
+        oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the last W steps
+        kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)  # (L, 2, B, H, W, D/H), (B, W)
         ids = torch.cumsum(episode_starts.long(), dim=0).T  # (B, T): every start begins a new id
-        # (B, W+T): cached slots of the running episode are id 0
-        key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)
+        key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T); cache: 0 or -1 (empty)
         positions = torch.arange(W + T, device=x.device)
-        # (T, W+T): query t sits at position W+t
-        distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)
+        distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t at position W+t
         band = (distance >= 0) & (distance <= W)  # (T, W+T): causal, at most lookback steps back
         visible = band & (key_ids.unsqueeze(1) == ids.unsqueeze(2))  # (B, T, W+T): and the same episode
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -591,9 +581,9 @@ def main(args: Args) -> None:
             raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
-    # frames stay uint8 on the device, what the env returns in numpy until the rollout ends
+    # what the env returns stays in numpy until the rollout ends
     obs_shape = envs.single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)  # frames
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -656,8 +646,7 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            # (kv, valid, slot): training replays every sequence from here
-            initial_memory = tuple(x.clone() for x in memory)
+            initial_memory = tuple(x.clone() for x in memory)  # training replays each sequence from here
             final_values.zero_()
             for step in range(args.num_steps):
                 if interrupts:
@@ -730,9 +719,8 @@ def main(args: Args) -> None:
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
                     kv, valid, slot = initial_memory  # the ring's slot is the same for every env
                     mb_memory = (kv[:, :, mb_envs], valid[mb_envs], slot)
-                    # envs are dim 1
-                    minibatch = (episode_starts, actions, logprobs, advantages, returns, values)
-                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in minibatch))
+                    batch = (episode_starts, actions, logprobs, advantages, returns, values)  # dim 1: envs
+                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in batch))
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -771,7 +759,13 @@ def main(args: Args) -> None:
                 if iteration % args.save_interval == 0:
                     save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
     except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
         raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
     finally:
         # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
