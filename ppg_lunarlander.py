@@ -218,8 +218,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
     def thunk():
         if capture_video and idx == 0:
-            # pygame renders off-screen: no window, no display needed
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -256,8 +255,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class RunningNorm(nn.Module):
     """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
-    clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls
-    `update`, uses them frozen."""
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -313,8 +311,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
-        # the rollout's call: a sample and its log-probability, without the entropy (training's)
-        if action is None:
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             return *sample_categorical(logits), None, value
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value
@@ -353,8 +350,7 @@ def compute_gae(
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
-    Gumbel noise): the rollout's sampler, as Categorical's overhead slows it
-    (benchmarks/results/sps_rollout_sampling.md)."""
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
     # never log(0)
     gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()
     action = torch.argmax(logits + gumbel, dim=-1)
@@ -366,8 +362,8 @@ AUX_LOSS_NAMES = ("kl_loss", "aux_value_loss", "real_value_loss")
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool) -> tuple:
-    """The PPO loss of a minibatch of samples, its policy part only in the first E_pi epochs, its value part
-    in the first E_V. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
+    """The PPO loss of a minibatch of samples: its policy part in the first E_pi epochs, value part in E_V.
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -522,8 +518,7 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     # V(final obs) of truncated steps
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # the running episodes' discounted returns, for reward scaling
-    discounted_returns = np.zeros(args.num_envs)
+    discounted_returns = np.zeros(args.num_envs)  # running episodes' discounted returns, for reward scaling
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
@@ -626,7 +621,6 @@ def main(args: Args) -> None:
                 # (T * B, 1)
                 agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
                 reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
-                # raw until here
                 rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
 
             # ALGO LOGIC: bootstrap value and advantages
@@ -637,8 +631,7 @@ def main(args: Args) -> None:
                 next_value = agent.get_value(next_obs)
                 gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
-            # the auxiliary phase keeps this iteration's data
-            phase_index = (iteration - 1) % args.n_iteration
+            phase_index = (iteration - 1) % args.n_iteration  # kept for the auxiliary phase
             agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
 
             # ALGO LOGIC: policy phase, E_pi epochs of the policy loss and E_V of the value loss over minibatches of samples

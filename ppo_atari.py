@@ -188,8 +188,7 @@ class Args:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
-    unknown."""
+    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(f.read().split())
@@ -198,18 +197,10 @@ def cpu_has_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def make_envs(
-    env_id: str,
-    num_envs: int,
-    training: bool,
-    threads: int = 0,
-    noop_max: int = 30,
-    fire_reset: bool = True,
-):
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its
-    classic defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a
-    reset, as the classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the
-    script clips them for training."""
+def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
+    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them)."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -225,8 +216,7 @@ def make_envs(
 
 def atari_settings(env_id: str) -> dict:
     """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one
-    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id's own
-    frameskip."""
+    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id says."""
     spec = gym.registry.get(env_id)
     if spec is None or spec.entry_point != "ale_py.env:AtariEnv":
         raise SystemExit(
@@ -286,8 +276,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """The NatureCNN (Mnih et al. 2015) with a policy head (std 0.01) and a value head (std 1) on its 512
-    features."""
+    """The NatureCNN (Mnih et al. 2015) with policy (std 0.01) and value (std 1) heads on its 512 features."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -305,14 +294,13 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
         self.bf16 = args.bf16
-        # channels-last is the faster layout in float32, the slower under bf16 on CPUs
-        # (benchmarks/results/atari_ceiling.md)
+        # channels-last: faster in float32, slower in bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, 4, 84, 84) uint8 frames -> logits (B, A) and values (B,), float32 even under --bf16."""
-        # no cache of cast weights: each forward casts each weight once anyway, and a cache cannot live in a CUDA graph
+        # no cache of cast weights: each forward casts each weight once anyway; CUDA graphs can't hold one
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
             x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
@@ -393,10 +381,9 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 
 
 def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
-    """Capture `fn(*inputs)` as a CUDA graph (one launch instead of one per kernel) and return a function with
-    fn's signature that copies its arguments into the captured inputs, replays the graph and returns the
-    captured outputs (overwritten by the next call). For an update, pass its agent and optimizer: the warm-up
-    calls' steps are undone."""
+    """Capture `fn(*inputs)` as a CUDA graph (one launch); return a function with fn's signature that copies
+    its arguments into the captured inputs, replays the graph and returns the captured outputs (overwritten by
+    the next call). For an update, pass its agent and optimizer: warm-up steps are undone."""
     inputs = [x.clone() for x in example_inputs]
     weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
     state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
@@ -414,10 +401,7 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
             p.copy_(w)
         for p, s in optimizer.state.items() if optimizer else []:
             for k, v in s.items():
-                if p in state:
-                    v.copy_(state[p][k])
-                else:
-                    v.zero_()
+                v.copy_(state[p][k]) if p in state else v.zero_()
 
     def replay(*args: torch.Tensor):
         for buffer, x in zip(inputs, args):
@@ -461,8 +445,7 @@ def main(args: Args) -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
-    # a done step returns the next game's first observation and its last in info["final_obs"];
-    # a life lost ends an episode
+    # a done step returns the next game's first obs, its last in info["final_obs"]; a life lost ends one
     envs = make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads)
     envs = RecordGameStatistics(envs)
 
@@ -625,11 +608,9 @@ def main(args: Args) -> None:
                 if args.capture_video:
                     game_over = "episode" in infos and infos["_episode"][0]
                     video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
-                    # also save_video's default schedule
-                    if game_over and capped_cubic_video_schedule(videos_saved):
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # save_video's schedule
                         # 84x84 grayscale -> 336x336 RGB
-                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1) for f in video_frames]
-                        frames = [f[..., None].repeat(3, -1) for f in frames]
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
                         prefix = os.path.basename(video_path)
                         save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
                     if game_over:
@@ -1010,8 +991,7 @@ def evaluate(
     while len(scores) < episodes:
         logits, _ = agent(torch.as_tensor(obs, device=device))
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-        # FIRE restarts play after a lost life, as after a reset:
-        if fire is not None and infos["lives"][0] < lives[0]:
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life
             action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
         lives = infos["lives"]
         obs, _, _, _, infos = envs.step(action.cpu().numpy())

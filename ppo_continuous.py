@@ -218,8 +218,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
     def thunk():
         if capture_video and idx == 0:
-            # pygame renders off-screen: no window, no display needed
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -268,8 +267,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class RunningNorm(nn.Module):
     """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
-    clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls
-    `update`, uses them frozen."""
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -333,8 +331,7 @@ class Agent(nn.Module):
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
         action_logstd = action_logstd.clamp(self.log_std_min, self.log_std_max)  # (B, A) or (1, A), broadcast
-        # the rollout's call: a sample and its exact log-probability, without the entropy (training's)
-        if action is None:
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             action, logprob = sample_squashed_gaussian(action_mean, action_logstd, self.action_low, self.action_high)
             return action, logprob, None, self.get_value(x)
         probs = Normal(action_mean, action_logstd.exp(), validate_args=False)
@@ -521,8 +518,7 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     # V(final obs) of truncated steps
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # the running episodes' discounted returns, for reward scaling
-    discounted_returns = np.zeros(args.num_envs)
+    discounted_returns = np.zeros(args.num_envs)  # running episodes' discounted returns, for reward scaling
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
@@ -619,7 +615,6 @@ def main(args: Args) -> None:
                 # (T * B, 1)
                 agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
                 reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
-                # raw until here
                 rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
 
             # ALGO LOGIC: bootstrap value and advantages

@@ -180,7 +180,11 @@ class Args:
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
             ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
-            ("num_minibatches", self.num_envs % max(self.num_minibatches, 1) == 0, f"a divisor of --num-envs={self.num_envs}"),
+            (
+                "num_minibatches",
+                self.num_envs % max(self.num_minibatches, 1) == 0,
+                f"a divisor of --num-envs={self.num_envs}",
+            ),
             ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
@@ -202,8 +206,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
 
     def thunk():
         if capture_video and idx == 0:
-            # pygame renders off-screen: no window, no display needed
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -211,8 +214,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
                 env = gym.wrappers.RecordVideo(env, folder, name_prefix=prefix)
         else:
             env = gym.make(env_id)
-        # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
-        if mask_velocity:
+        if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel"
             space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
         # POPGym's Battleship, MineSweeper shoot at a grid cell: MultiDiscrete([8, 8]) -> Discrete(64).
@@ -270,8 +272,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class RunningNorm(nn.Module):
     """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
-    clipped to +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls
-    `update`, uses them frozen."""
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -321,8 +322,7 @@ class FSMNBlock(nn.Module):
         return self.norm(x + self.proj_out(m)), window[:, :-1]  # the memory drops h_{t-N*S}
 
     def sequence(self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor) -> torch.Tensor:
-        """x: (T, B, H); memory: (B, N*S, H) at the sequence start; same_episode: (N+1, T, B, 1), see the
-        Agent."""
+        """x: (T, B, H); memory (B, N*S, H) at the sequence start; same_episode (N+1, T, B, 1): see Agent."""
         stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span: oldest tap's lag
         # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of
         # its own and then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested)
@@ -332,15 +332,13 @@ class FSMNBlock(nn.Module):
         # lag k of N+1 holds h_{t-(N-k)S}
         lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]
         windows = torch.stack(lagged)  # (N+1, T, B, H)
-        # (T, B, H), taps reversed to match k
-        m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)
+        m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed
         return self.norm(x + self.proj_out(m))
 
 
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value
-    head (std 1). Its memory is every block's last N*S hidden states, (L, B, N*S, H) for L blocks (N*S = 0:
-    none)."""
+    head (std 1). Its memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
@@ -372,8 +370,7 @@ class Agent(nn.Module):
     def get_states(self, x, memory, episode_starts):
         """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S, H); episode_starts:
         (B,). Returns the features (B, H) and the next memory."""
-        # MEMORY RESET: a new episode remembers nothing
-        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)
+        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at episode starts
         x, new_memory = torch.tanh(self.embed(x)), []
         for block, block_memory in zip(self.blocks, memory):
             x, block_memory = block.step(x, block_memory)
@@ -387,8 +384,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, memory, episode_starts, action=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
         logits, value = self.actor(hidden), self.critic(hidden).squeeze(-1)
-        # the rollout's call: a sample and its log-probability, without the entropy (training's)
-        if action is None:
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             return *sample_categorical(logits), None, value, memory
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value, memory
@@ -448,8 +444,7 @@ def compute_gae(
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
-    Gumbel noise): the rollout's sampler, as Categorical's overhead slows it
-    (benchmarks/results/sps_rollout_sampling.md)."""
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
     # never log(0)
     gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()
     action = torch.argmax(logits + gumbel, dim=-1)
@@ -460,8 +455,8 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the
-    rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs

@@ -1,12 +1,11 @@
 """PPO whose policy attends over the frames of the current episode: a causal transformer, cached and windowed.
 
 One 84x84 grayscale frame per step (no frame stack: time is the transformer's job) becomes a token through the
-NatureCNN's convolutions; a causal transformer attends from it to the last `--lookback` tokens of the episode.
+NatureCNN's convolutions; a causal transformer attends from it to the episode's last `--lookback` tokens.
 Rollouts run it step by step with a per-env key/value cache; training replays each env's rollout in one pass
-with sliding-window attention from the memory saved at its start, episode boundaries masked. The environments
-are ppo_atari.py's.
+with sliding-window attention from the memory saved at its start, episode boundaries masked.
 
-    python ppo_transformer_pong.py                                # PongNoFrameskip-v4, 10M steps
+    python ppo_transformer_pong.py                                # ppo_atari.py's Pong, 10M steps
     python ppo_transformer_pong.py --lookback 64 --n-layers 3     # a longer memory, a deeper transformer
     python ppo_transformer_pong.py --bf16                         # bfloat16 autocast: CPUs with bf16 instructions, GPUs
     python ppo_transformer_pong.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
@@ -177,7 +176,11 @@ class Args:
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
             ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
-            ("num_minibatches", self.num_envs % max(self.num_minibatches, 1) == 0, f"a divisor of --num-envs={self.num_envs}"),
+            (
+                "num_minibatches",
+                self.num_envs % max(self.num_minibatches, 1) == 0,
+                f"a divisor of --num-envs={self.num_envs}",
+            ),
             ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
@@ -195,8 +198,7 @@ class Args:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
-    unknown."""
+    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(f.read().split())
@@ -205,18 +207,10 @@ def cpu_has_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def make_envs(
-    env_id: str,
-    num_envs: int,
-    training: bool,
-    threads: int = 0,
-    noop_max: int = 30,
-    fire_reset: bool = True,
-):
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its
-    classic defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a
-    reset, as the classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the
-    script clips them for training."""
+def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
+    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them)."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -233,8 +227,7 @@ def make_envs(
 
 def atari_settings(env_id: str) -> dict:
     """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one
-    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id's own
-    frameskip."""
+    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id says."""
     spec = gym.registry.get(env_id)
     if spec is None or spec.entry_point != "ale_py.env:AtariEnv":
         raise SystemExit(
@@ -332,9 +325,6 @@ class TransformerLayer(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-Memory = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (kv, valid, slot), see Agent
-
-
 class Agent(nn.Module):
     """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer
     layers over the last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in
@@ -364,19 +354,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         self.bf16 = args.bf16
-        # channels-last is the faster layout in float32, the slower under bf16 on CPUs
-        # (benchmarks/results/atari_ceiling.md)
+        # channels-last: faster in float32, slower in bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
-        self.register_load_state_dict_pre_hook(self.rename_encoder)
+        self.register_load_state_dict_pre_hook(self.rename_encoder)  # checkpoints that say `encoder` load
 
     @staticmethod
     def rename_encoder(module, state_dict: dict, prefix: str, *_) -> None:
-        """Checkpoints that name the convolutions `encoder` load as `network`."""
         for key in [k for k in state_dict if k.startswith(f"{prefix}encoder.")]:
             state_dict[f"{prefix}network.{key[len(prefix) + len('encoder.') :]}"] = state_dict.pop(key)
 
-    def initial_memory(self, num_envs: int, device: torch.device) -> Memory:
+    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
         return torch.zeros(shape, device=device), valid, torch.zeros(1, dtype=torch.long, device=device)
@@ -478,8 +466,8 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the
-    rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -540,8 +528,7 @@ def main(args: Args) -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
-    # a done step returns the next game's first observation and its last in info["final_obs"];
-    # a life lost ends an episode
+    # a done step returns the next game's first obs, its last in info["final_obs"]; a life lost ends one
     envs = make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads)
     envs = RecordGameStatistics(envs)
 
@@ -690,11 +677,9 @@ def main(args: Args) -> None:
                 if args.capture_video:
                     game_over = "episode" in infos and infos["_episode"][0]
                     video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
-                    # also save_video's default schedule
-                    if game_over and capped_cubic_video_schedule(videos_saved):
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # save_video's schedule
                         # 84x84 grayscale -> 336x336 RGB
-                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1) for f in video_frames]
-                        frames = [f[..., None].repeat(3, -1) for f in frames]
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
                         prefix = os.path.basename(video_path)
                         save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
                     if game_over:
@@ -1062,8 +1047,7 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
     as its game ends and return them; with a video_path (folder/name start), record games as training does.
-    A life lost is signalled as in training (without resetting the game), so that the memory is emptied where
-    it was."""
+    A life lost is signalled as in training (the game goes on), so the memory is emptied where it was."""
     checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
@@ -1077,8 +1061,7 @@ def evaluate(
         hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
         logits = agent.actor(hidden)
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-        # FIRE restarts play after a lost life, as after a reset:
-        if fire is not None and infos["lives"][0] < lives[0]:
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life
             action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
         lives = infos["lives"]
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
