@@ -1,10 +1,11 @@
-"""Phasic Policy Gradient (Cobbe et al. 2020, arXiv 2009.04416) on LunarLander (CleanRL's `ppo.py`, plus PPG's phases).
+"""Phasic Policy Gradient (Cobbe et al. 2020, arXiv 2009.04416) on LunarLander, from CleanRL's `ppo.py`.
 
-A policy network with a policy head and an auxiliary value head, and a separate value network. The policy phase is PPO
-(--n-iteration iterations of --e-policy epochs of the clipped policy loss and --e-value epochs of value loss); the
-auxiliary phase that follows, on every observation and return of those iterations, distils value into the policy network
-(--e-auxiliary epochs of the auxiliary value loss plus --beta-clone * KL(pi_old || pi), which holds the policy) and
-trains the value network further. `--e-auxiliary 0` is the in-script ablation: PPO with the same two networks.
+A policy network with a policy head and an auxiliary value head, and a separate value network. The policy
+phase is PPO (--n-iteration iterations of --e-policy epochs of the clipped policy loss and --e-value epochs of
+value loss); the auxiliary phase that follows, on every observation and return of those iterations, distils
+value into the policy network (--e-auxiliary epochs of the auxiliary value loss plus --beta-clone * KL(pi_old
+|| pi), which holds the policy) and trains the value network further. `--e-auxiliary 0` is the in-script
+ablation: PPO with the same two networks.
 
     python ppg_lunarlander.py                          # LunarLander-v3 on the CPU
     python ppg_lunarlander.py --e-auxiliary 0          # the ablation: PPO with the same networks
@@ -30,7 +31,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
+    status 130."""
     print("interrupted")
     raise SystemExit(130)
 
@@ -48,7 +50,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppg_lunarlander"
-TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+# torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+TORCH_THREADS = torch.get_num_threads()
 PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 
 
@@ -148,7 +151,7 @@ class Args:
     hidden_dim: int = 64
     """width of the two tanh layers of the policy network and of the value network"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
+    """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -162,7 +165,8 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        # every numeric flag's accepted values, checked before anything is written: one line names the first
+        # one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
@@ -171,7 +175,7 @@ class Args:
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
             ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
@@ -214,7 +218,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
     def thunk():
         if capture_video and idx == 0:
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window, no display needed
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -228,7 +232,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
 
 def check_env_args(env_id: str) -> None:
-    """One clear line for an env this script cannot run: unknown id, non-discrete actions, a non-flat observation."""
+    """One clear line for an env this script cannot run: unknown id, non-Discrete actions, a non-flat
+    observation."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     env = gym.make(env_id)
@@ -249,8 +254,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class RunningNorm(nn.Module):
-    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
-    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -265,31 +270,39 @@ class RunningNorm(nn.Module):
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        var = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var.copy_(var / total)
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
-def mlp(in_dim: int, hidden_dim: int) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, hidden_dim)), nn.Tanh(), layer_init(nn.Linear(hidden_dim, hidden_dim)), nn.Tanh()
-    )
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
+    """Linear + tanh layers of the given widths (CleanRL's MLP trunk)."""
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers)
 
 
 class Agent(nn.Module):
-    """PPG's "dual" architecture (Cobbe et al. 2020, section 3.2): a policy network with a policy head (std 0.01) and an
-    auxiliary value head (std 1), and a separate value network. The auxiliary phase's stored observations and returns
-    are buffers of the agent, so checkpoints carry them and a resumed run continues the phase where it stopped."""
+    """PPG's "dual" architecture (Cobbe et al. 2020, section 3.2): a policy network with a policy head (std
+    0.01) and an auxiliary value head (std 1), and a separate value network. The auxiliary phase's stored
+    observations and returns are buffers of the agent, so checkpoints carry them and a resumed run continues
+    the phase where it stopped."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
-        self.actor_trunk = mlp(obs_dim, args.hidden_dim)
+        self.actor_trunk = mlp(obs_dim, (args.hidden_dim, args.hidden_dim))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.aux_critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
-        self.critic = nn.Sequential(mlp(obs_dim, args.hidden_dim), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0))
-        self.return_norm = RunningNorm(1)  # for reward scaling: value targets near unit scale, as the auxiliary loss needs
+        self.critic = nn.Sequential(
+            mlp(obs_dim, (args.hidden_dim, args.hidden_dim)), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+        )
+        # for reward scaling: value targets near unit scale, as the auxiliary loss needs
+        self.return_norm = RunningNorm(1)
         self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
         self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
 
@@ -298,7 +311,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
-        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             return *sample_categorical(logits), None, value
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value
@@ -308,10 +321,20 @@ class Agent(nn.Module):
         return Categorical(logits=self.actor(hidden), validate_args=False), self.aux_critic(hidden).squeeze(-1)
 
 
-def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
-    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
-    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
+def compute_gae(
+    rewards,
+    values,
+    terminations,
+    truncations,
+    final_values,
+    next_value,
+    gamma: float,
+    gae_lambda: float,
+):
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value
+    is values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has
+    none (0), a truncated one bootstraps from final_values[t], its final observation's value (the next one is
+    the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
@@ -326,18 +349,20 @@ def compute_gae(rewards, values, terminations, truncations, final_values, next_v
 
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits + Gumbel
-    noise): the rollout's sampler, as Categorical's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
+    # never log(0)
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+AUX_LOSS_NAMES = ("kl_loss", "aux_value_loss", "real_value_loss")
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool) -> tuple:
-    """The PPO loss of a minibatch of samples, its policy part only in the first E_pi epochs, its value part in the first E_V.
+    """The PPO loss of a minibatch of samples: its policy part in the first E_pi epochs, value part in E_V.
     Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
@@ -370,13 +395,14 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_pol
         loss = loss + pg_loss - args.ent_coef * entropy_loss
     if train_value:
         loss = loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    return loss, stats.detach()
 
 
 def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value head's error
-    plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value network. Returns the loss
-    and (KL, auxiliary value loss, value loss), without a host sync."""
+    """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value
+    head's error plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value
+    network. Returns the loss and its stats, named in AUX_LOSS_NAMES, without a host sync."""
     probs, aux_value = agent.get_pi_and_aux_value(mb_obs)
     kl_loss = torch.distributions.kl_divergence(Categorical(logits=mb_old_logits, validate_args=False), probs).mean()
     aux_value_loss = 0.5 * ((aux_value - mb_returns) ** 2).mean()
@@ -385,9 +411,9 @@ def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) 
     return loss, torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
 
 
-def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> list[float]:
-    """E_aux epochs over every stored observation, in minibatches of whole env rollouts, at the optimizer's current
-    learning rate. Returns the mean (KL, auxiliary value loss, value loss) over all minibatches."""
+def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> dict[str, float]:
+    """E_aux epochs over every stored observation, in minibatches of whole env rollouts, at the optimizer's
+    current learning rate. Returns the stats named in AUX_LOSS_NAMES, averaged over all minibatches."""
     obs_dim = agent.phase_obs.shape[-1]
     # (n_iteration * num_envs, num_steps, ...): one row per env rollout
     aux_obs = agent.phase_obs.transpose(1, 2).reshape(-1, args.num_steps, obs_dim)
@@ -405,16 +431,314 @@ def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) 
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             stats.append(mb_stats)
-    return torch.stack(stats).mean(0).tolist()
+    return dict(zip(AUX_LOSS_NAMES, torch.stack(stats).mean(0).tolist()))
+
+
+def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
+    if args.eval_checkpoint is not None:
+        return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    check_env_args(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
+    # a done step returns the next episode's first observation; the finished one's last is in info["final_obs"]
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, video_path) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim = envs.single_observation_space.shape[0]
+
+    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    phase_mib = (agent.phase_obs.numel() + agent.phase_returns.numel()) * 4 / 2**20
+    print(f"the auxiliary phase keeps {args.n_iteration} x {args.num_steps} x {args.num_envs} steps ({phase_mib:.1f} MiB)")
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+        for line in differing:
+            print(f"note: {line}")
+        if start_iteration > args.num_iterations:
+            refused = f"--total-timesteps={args.total_timesteps}"
+            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # V(final obs) of truncated steps
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    discounted_returns = np.zeros(args.num_envs)  # running episodes' discounted returns, for reward scaling
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+
+    # ALGO LOGIC: warnings, once every check has passed
+    if args.e_auxiliary and args.num_iterations < args.n_iteration:
+        warn(
+            f"--total-timesteps={args.total_timesteps} ends before the first auxiliary phase, after "
+            f"--n-iteration={args.n_iteration} iterations of {args.batch_size} steps: this run is PPO"
+        )
+
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    print(f"logging to {run_dir}")
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # the cores other processes leave free: runs side by side share them
+            if not args.threads and device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = reward
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a truncated episode from the value of its final observation
+                    zeros = np.zeros(obs_dim)
+                    final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
+                    with torch.no_grad():
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        final_value = agent.get_value(final_obs)
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom
+            # et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), statistics updated first
+            if args.norm_reward:
+                rollout_returns = np.zeros_like(rewards_np)
+                for t in range(args.num_steps):
+                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
+                    rollout_returns[t] = discounted_returns
+                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
+                # (T * B, 1)
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
+                reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
+                rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs)
+                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
+                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+            phase_index = (iteration - 1) % args.n_iteration  # kept for the auxiliary phase
+            agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
+
+            # ALGO LOGIC: policy phase, E_pi epochs of the policy loss and E_V of the value loss over minibatches of samples
+            b_inds = np.arange(args.batch_size)
+            stats = []
+            for epoch in range(max(args.e_policy, args.e_value)):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                    batch = (obs, actions, logprobs, advantages, returns, values)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
+                    parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
+                    loss, mb_stats = minibatch_loss(agent, args, *minibatch, **parts)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
+            if iteration % args.n_iteration == 0 and args.e_auxiliary > 0:
+                aux_start = time.time()
+                aux_stats = auxiliary_phase(agent, optimizer, args)
+                writer.add_scalar("charts/aux_phase_seconds", time.time() - aux_start, global_step)
+                for name, value in aux_stats.items():
+                    writer.add_scalar(f"losses/aux/{name}", value, global_step)
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            finite = [p.isfinite().all() for p in agent.parameters()]
+            weights_finite = torch.stack(finite).all().float().view(1)
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
+                advice = f"lower --learning-rate or --max-grad-norm{kept}"
+                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            for name, value in {**losses, "explained_variance": explained_var}.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                last_good = copy.deepcopy(snapshot)
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
+        progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
+        writer.close()
+        envs.close()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
+# same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
 
 
 # TRY NOT TO MODIFY: torch threads
 def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
+    `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
+    other processes."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        with open("/proc/stat") as f:
             rows = [line.split() for line in f]
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
@@ -461,24 +785,31 @@ def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+        why = f"is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)"
+        raise SystemExit(f"error: {flag}={path} {why}")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        why = f"is not a checkpoint of {SCRIPT}.py ({type(e).__name__})"
+        raise SystemExit(f"error: {flag}={path} {why}") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        why = f"is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py"
+        raise SystemExit(f"error: {flag}={path} {why}")
     return checkpoint
 
 
 def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    """Python's, numpy's and torch's generators (CUDA's where there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, key.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+    }
 
 
 def set_rng_states(states: dict) -> None:
@@ -489,7 +820,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -631,7 +969,8 @@ def run_evaluation(args: Args, device: torch.device) -> None:
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    # a flag an earlier version had and this one has not is dropped
+    flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     check_env_args(args.env_id)
     env = make_env(args.env_id, 0, False, "")()
@@ -640,7 +979,8 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     try:
         agent.load_state_dict(checkpoint["model"])
     except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+        refused = "--eval-checkpoint holds a network of another shape (from another version?)"
+        raise SystemExit(f"error: {refused}") from None
     return agent, args
 
 
@@ -653,16 +993,19 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy, print each return as it ends and return them; with
-    a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and
+    return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path)()
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            probs, _ = agent.get_pi_and_aux_value(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            probs, _ = agent.get_pi_and_aux_value(obs_t)
             action = probs.logits.argmax(-1) if deterministic else probs.sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
             total += float(reward)
@@ -671,272 +1014,6 @@ def evaluate(
         print(f"episode {episode + 1}: return {total:.2f}")
     env.close()
     return returns
-
-
-def main(args: Args) -> None:
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
-    if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
-    check_env_args(args.env_id)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
-    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, video_path) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_dim = envs.single_observation_space.shape[0]
-
-    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    phase_mib = (agent.phase_obs.numel() + agent.phase_returns.numel()) * 4 / 2**20
-    print(f"the auxiliary phase keeps {args.n_iteration} x {args.num_steps} x {args.num_envs} steps ({phase_mib:.1f} MiB)")
-
-    # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
-
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    discounted_returns = np.zeros(args.num_envs)  # the running episodes' discounted returns, for reward scaling
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-
-    # ALGO LOGIC: warnings, once every check has passed
-    if args.e_auxiliary and args.num_iterations < args.n_iteration:
-        warn(
-            f"--total-timesteps={args.total_timesteps} ends before the first auxiliary phase, after "
-            f"--n-iteration={args.n_iteration} iterations of {args.batch_size} steps: this run is PPO"
-        )
-
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
-    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            # ALGO LOGIC: rollout
-            final_values.zero_()
-            for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
-                global_step += args.num_envs
-                obs[step] = next_obs
-
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
-
-                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
-                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
-                if truncation.any():
-                    # bootstrap a truncated episode from the value of its final observation
-                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
-                        final_value = agent.get_value(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
-                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
-
-            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom et al.
-            # 2020, arXiv 2005.12729; gymnasium's NormalizeReward): the statistics take in the rollout's returns first
-            if args.norm_reward:
-                rollout_returns = np.zeros_like(rewards_np)
-                for t in range(args.num_steps):
-                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
-                    rollout_returns[t] = discounted_returns
-                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
-                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
-                reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
-                rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)  # raw until here
-
-            # ALGO LOGIC: bootstrap value and advantages
-            rewards, terminations, truncations = (
-                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
-            )
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs)
-                advantages, returns = compute_gae(
-                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
-                )
-            phase_index = (iteration - 1) % args.n_iteration  # the auxiliary phase keeps this iteration's data
-            agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
-
-            # ALGO LOGIC: policy phase, E_pi epochs of the policy loss and E_V of the value loss over minibatches of samples
-            b_inds = np.arange(args.batch_size)
-            stats = []
-            for epoch in range(max(args.e_policy, args.e_value)):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in (obs, actions, logprobs, advantages, returns, values)]
-                    parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
-                    loss, mb_stats = minibatch_loss(agent, args, *minibatch, **parts)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(mb_stats)
-
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
-                    break
-
-            # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
-            if iteration % args.n_iteration == 0 and args.e_auxiliary > 0:
-                aux_start = time.time()
-                aux_stats = auxiliary_phase(agent, optimizer, args)
-                writer.add_scalar("charts/aux_phase_seconds", time.time() - aux_start, global_step)
-                writer.add_scalar("losses/aux/kl_loss", aux_stats[0], global_step)
-                writer.add_scalar("losses/aux/aux_value_loss", aux_stats[1], global_step)
-                writer.add_scalar("losses/aux/real_value_loss", aux_stats[2], global_step)
-
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                raise SystemExit(
-                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
-                )
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
-
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
-            try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
 
 
 if __name__ == "__main__":

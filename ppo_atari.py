@@ -1,8 +1,8 @@
-"""PPO on Atari with the NatureCNN (CleanRL's `ppo_atari.py`), the whole preprocessing in ale-py's C++ vector env.
+"""PPO on Atari with the NatureCNN (CleanRL's `ppo_atari.py`), all preprocessing in ale-py's C++ vector env.
 
-Frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames, noop and FIRE resets and a termination at every
-life lost for training, inside the emulator's threads. Rewards are clipped for training; `charts/episodic_return` logs
-each whole game's raw score, as CleanRL does.
+Frame skip 4 with max-pooling, 84x84 grayscale, a stack of 4 frames, noop and FIRE resets and a termination at
+every life lost for training, inside the emulator's threads. Rewards are clipped for training;
+`charts/episodic_return` logs each whole game's raw score, as CleanRL does.
 
     python ppo_atari.py --env-id PongNoFrameskip-v4              # CleanRL's defaults, 10M steps
     python ppo_atari.py --env-id BreakoutNoFrameskip-v4 --bf16   # on CPUs with bf16 instructions (avx512_bf16, AMX)
@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
+    status 130."""
     print("interrupted")
     raise SystemExit(130)
 
@@ -47,7 +48,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppo_atari"
-TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+# torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+TORCH_THREADS = torch.get_num_threads()
 PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 gym.register_envs(ale_py)
 
@@ -110,7 +112,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of mini-batches"""
+    """the number of mini-batches (formed over samples: it must divide num_envs * num_steps)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
@@ -130,7 +132,7 @@ class Args:
 
     # ALGO LOGIC: network arguments
     bf16: bool = False
-    """bfloat16 autocast for the network (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
+    """bfloat16 autocast (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     cudagraphs: bool = False
@@ -138,7 +140,7 @@ class Args:
     env_threads: int = 0
     """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
+    """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -152,7 +154,8 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        # every numeric flag's accepted values, checked before anything is written: one line names the first
+        # one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
@@ -161,7 +164,7 @@ class Args:
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
             ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
@@ -185,8 +188,7 @@ class Args:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
-    unknown."""
+    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(f.read().split())
@@ -196,9 +198,9 @@ def cpu_has_bf16() -> bool:
 
 
 def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its classic
-    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset, as the
-    classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the script clips them for training."""
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
+    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them)."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -213,13 +215,13 @@ def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop
 
 
 def atari_settings(env_id: str) -> dict:
-    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one clear line
-    for anything else. Frame skipping is always the vector env's 4, whatever the id's own frameskip."""
+    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one
+    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id says."""
     spec = gym.registry.get(env_id)
     if spec is None or spec.entry_point != "ale_py.env:AtariEnv":
         raise SystemExit(
-            f"error: --env-id={env_id} is not an Atari game (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py "
-            "small discrete ones); list the Atari ids with "
+            f"error: --env-id={env_id} is not an Atari game (ppo_continuous.py runs Box-action envs, "
+            "ppo_fsmn_cartpole.py small discrete ones); list the Atari ids with "
             "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
         )
     if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
@@ -260,7 +262,8 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         self.lives = info["lives"].astype(np.int64)
         if game_over.any():
             info = dict(info)
-            info["episode"] = {"r": np.where(game_over, self.returns, 0.0), "l": np.where(game_over, self.lengths, 0)}
+            scores, lengths = np.where(game_over, self.returns, 0.0), np.where(game_over, self.lengths, 0)
+            info["episode"] = {"r": scores, "l": lengths}
             info["_episode"] = game_over
             self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
@@ -273,7 +276,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """The NatureCNN (Mnih et al. 2015) with a policy head (std 0.01) and a value head (std 1) on its 512 features."""
+    """The NatureCNN (Mnih et al. 2015) with policy (std 0.01) and value (std 1) heads on its 512 features."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
@@ -291,13 +294,13 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
         self.bf16 = args.bf16
-        # channels-last is the faster layout in float32, the slower under bf16 on CPUs (benchmarks/results/atari_ceiling.md)
+        # channels-last: faster in float32, slower in bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, 4, 84, 84) uint8 frames -> logits (B, A) and values (B,), float32 even under --bf16."""
-        # no cache of cast weights: each forward casts each weight once anyway, and a cache cannot live in a CUDA graph
+        # no cache of cast weights: each forward casts each weight once anyway; CUDA graphs can't hold one
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
             x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
@@ -309,16 +312,26 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits, value = self(x)
-        probs = Categorical(logits=logits, validate_args=False)  # a check is a host sync, which a CUDA graph cannot hold
+        probs = Categorical(logits=logits, validate_args=False)  # no check: CUDA graphs hold no host sync
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), value
 
 
-def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
-    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
-    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
+def compute_gae(
+    rewards,
+    values,
+    terminations,
+    truncations,
+    final_values,
+    next_value,
+    gamma: float,
+    gae_lambda: float,
+):
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value
+    is values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has
+    none (0), a truncated one bootstraps from final_values[t], its final observation's value (the next one is
+    the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
@@ -363,13 +376,14 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    return loss, stats.detach()
 
 
 def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
-    """Capture `fn(*inputs)` as a CUDA graph (one launch instead of one per kernel) and return a function with fn's
-    signature that copies its arguments into the captured inputs, replays the graph and returns the captured outputs
-    (overwritten by the next call). For an update, pass its agent and optimizer: the warm-up calls' steps are undone."""
+    """Capture `fn(*inputs)` as a CUDA graph (one launch); return a function with fn's signature that copies
+    its arguments into the captured inputs, replays the graph and returns the captured outputs (overwritten by
+    the next call). For an update, pass its agent and optimizer: warm-up steps are undone."""
     inputs = [x.clone() for x in example_inputs]
     weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
     state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
@@ -387,10 +401,7 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
             p.copy_(w)
         for p, s in optimizer.state.items() if optimizer else []:
             for k, v in s.items():
-                if p in state:
-                    v.copy_(state[p][k])
-                else:
-                    v.zero_()
+                v.copy_(state[p][k]) if p in state else v.zero_()
 
     def replay(*args: torch.Tensor):
         for buffer, x in zip(inputs, args):
@@ -401,13 +412,319 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
     return replay
 
 
+def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
+    if args.eval_checkpoint is not None:
+        return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    if args.cudagraphs and device.type != "cuda":
+        raise SystemExit("error: --cudagraphs needs a CUDA device (none is available here, or --no-cuda was given)")
+    atari_settings(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
+    # a done step returns the next game's first obs, its last in info["final_obs"]; a life lost ends one
+    envs = make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads)
+    envs = RecordGameStatistics(envs)
+
+    agent = Agent(envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+        for line in differing:
+            print(f"note: {line}")
+        if start_iteration > args.num_iterations:
+            refused = f"--total-timesteps={args.total_timesteps}"
+            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)  # frames
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # V(final obs) of truncated steps
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, device=device)
+
+    # ALGO LOGIC: --cudagraphs, the rollout's inference call and the whole minibatch update replayed as CUDA graphs
+    # A resumed run's optimizer takes the form that its own flags ask for, whatever the checkpoint's run used.
+    lr = float(optimizer.param_groups[0]["lr"])
+    optimizer.param_groups[0].update(lr=lr, capturable=args.cudagraphs)
+    if args.cudagraphs:
+        # a captured optimizer step reads its learning rate from this tensor, which the minibatch loop sets in place to
+        # the annealed rate (`lr` keeps it alive: the graph holds only its address)
+        lr = optimizer.param_groups[0]["lr"] = torch.tensor(lr, device=device)
+
+        def update(*minibatch: torch.Tensor) -> torch.Tensor:  # the minibatch loop's update, to capture
+            loss, mb_stats = loss_fn(agent, args, *minibatch)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            return mb_stats
+
+        get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value), obs[0])
+        example = [x.flatten(0, 1)[: args.minibatch_size] for x in (obs, actions, logprobs, values, values, values)]
+        update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
+
+    # ALGO LOGIC: warnings, once every check has passed
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
+
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    print(f"logging to {run_dir}")
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # the cores other processes leave free: runs side by side share them
+            if not args.threads and device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+
+                with torch.no_grad():
+                    action, logprob, _, value = get_action_and_value(next_obs)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a game cut at the frame limit from the value of its final observation
+                    with torch.no_grad():
+                        final_value = agent.get_value(torch.as_tensor(infos["final_obs"], device=device))
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+
+                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
+                # at a game's end the newest observation is the next game's: keep the final one
+                if args.capture_video:
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # save_video's schedule
+                        # 84x84 grayscale -> 336x336 RGB
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
+                        prefix = os.path.basename(video_path)
+                        save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
+                    if game_over:
+                        videos_saved, video_frames = videos_saved + 1, []
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs)
+                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
+                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            b_inds = np.arange(args.batch_size)
+            stats = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                    batch = (obs, actions, logprobs, advantages, returns, values)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
+                    if args.cudagraphs:  # the five lines below, as one captured graph at the annealed rate
+                        lr.fill_(optimizer.param_groups[0]["lr"])
+                        stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
+                        continue
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            finite = [p.isfinite().all() for p in agent.parameters()]
+            weights_finite = torch.stack(finite).all().float().view(1)
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
+                advice = f"lower --learning-rate or --max-grad-norm{kept}"
+                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            for name, value in {**losses, "explained_variance": explained_var}.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                last_good = copy.deepcopy(snapshot)
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
+        progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
+        writer.close()
+        envs.close()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
+# same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
+
+
 # TRY NOT TO MODIFY: torch threads
 def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
+    `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
+    other processes."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        with open("/proc/stat") as f:
             rows = [line.split() for line in f]
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
@@ -454,24 +771,31 @@ def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+        why = f"is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)"
+        raise SystemExit(f"error: {flag}={path} {why}")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        why = f"is not a checkpoint of {SCRIPT}.py ({type(e).__name__})"
+        raise SystemExit(f"error: {flag}={path} {why}") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        why = f"is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py"
+        raise SystemExit(f"error: {flag}={path} {why}")
     return checkpoint
 
 
 def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    """Python's, numpy's and torch's generators (CUDA's where there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, key.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+    }
 
 
 def set_rng_states(states: dict) -> None:
@@ -482,7 +806,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -624,7 +955,8 @@ def run_evaluation(args: Args, device: torch.device) -> None:
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    # a flag an earlier version had and this one has not is dropped
+    flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
@@ -632,7 +964,8 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     try:
         agent.load_state_dict(checkpoint["model"])
     except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+        refused = "--eval-checkpoint holds a network of another shape (from another version?)"
+        raise SystemExit(f"error: {refused}") from None
     return agent, args
 
 
@@ -647,16 +980,18 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
     as its game ends and return them; with a video_path (folder/name start), record games as training does."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=False))
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     obs, infos = envs.reset(seed=seed)
     scores, lives, frames = [], infos["lives"], []
     while len(scores) < episodes:
         logits, _ = agent(torch.as_tensor(obs, device=device))
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life
             action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
         lives = infos["lives"]
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
@@ -673,280 +1008,6 @@ def evaluate(
             frames = []
     envs.close()
     return scores
-
-
-def main(args: Args) -> None:
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
-    if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
-    if args.cudagraphs and device.type != "cuda":
-        raise SystemExit("error: --cudagraphs needs a CUDA device (none is available here, or --no-cuda was given)")
-    atari_settings(args.env_id)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
-    # a done step returns the next game's first observation and its last in info["final_obs"]; a life lost ends an episode
-    envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
-
-    agent = Agent(envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the same parameters compiled or not; `agent` is what gets saved
-    get_action_and_value, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
-    )
-
-    # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
-
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, device=device)
-
-    # ALGO LOGIC: --cudagraphs, the rollout's inference call and the whole minibatch update replayed as CUDA graphs
-    # A resumed run's optimizer takes the form that its own flags ask for, whatever the checkpoint's run used.
-    lr = float(optimizer.param_groups[0]["lr"])
-    optimizer.param_groups[0].update(lr=lr, capturable=args.cudagraphs)
-    if args.cudagraphs:
-        # a captured optimizer step reads its learning rate from this tensor, which the minibatch loop sets in place to
-        # the annealed rate (`lr` keeps it alive: the graph holds only its address)
-        lr = optimizer.param_groups[0]["lr"] = torch.tensor(lr, device=device)
-
-        def update(*minibatch: torch.Tensor) -> torch.Tensor:  # the minibatch loop's update, as one function to capture
-            loss, mb_stats = loss_fn(agent, args, *minibatch)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            return mb_stats
-
-        get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value), obs[0])
-        example = [x.flatten(0, 1)[: args.minibatch_size] for x in (obs, actions, logprobs, values, values, values)]
-        update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
-
-    # ALGO LOGIC: warnings, once every check has passed
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
-
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
-    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            # ALGO LOGIC: rollout
-            final_values.zero_()
-            for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
-                global_step += args.num_envs
-                obs[step] = next_obs
-
-                with torch.no_grad():
-                    action, logprob, _, value = get_action_and_value(next_obs)
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
-
-                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
-                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
-                terminations_np[step], truncations_np[step] = termination, truncation
-                if truncation.any():
-                    # bootstrap a game cut at the frame limit from the value of its final observation
-                    with torch.no_grad():
-                        final_value = agent.get_value(torch.as_tensor(infos["final_obs"], device=device))
-                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                next_obs = torch.as_tensor(next_obs_np, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
-
-                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
-                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
-                    game_over = "episode" in infos and infos["_episode"][0]
-                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
-                    if game_over and capped_cubic_video_schedule(videos_saved):  # also save_video's default schedule
-                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        prefix = os.path.basename(video_path)
-                        save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
-                    if game_over:
-                        videos_saved, video_frames = videos_saved + 1, []
-
-            # ALGO LOGIC: bootstrap value and advantages
-            rewards, terminations, truncations = (
-                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
-            )
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs)
-                advantages, returns = compute_gae(
-                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
-                )
-
-            # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
-            b_inds = np.arange(args.batch_size)
-            stats = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in (obs, actions, logprobs, advantages, returns, values)]
-                    if args.cudagraphs:  # the five lines below, replayed as one captured graph at the annealed rate
-                        lr.fill_(optimizer.param_groups[0]["lr"])
-                        stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
-                        continue
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(mb_stats)
-
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
-                    break
-
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                raise SystemExit(
-                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
-                )
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
-
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
-            try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
 
 
 if __name__ == "__main__":

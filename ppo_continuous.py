@@ -1,8 +1,9 @@
 """PPO with an exact tanh-squashed Gaussian policy, for any gymnasium env with a Box action space.
 
-The env gets a = low + (tanh(u) + 1) / 2 * (high - low) of a Gaussian sample u, inside its bounds with no clipping; the
-log-probability is exact (change of variables on the stored u) and the entropy a one-sample estimate. Observations and
-rewards are normalised by running statistics kept in the agent, so checkpoints carry them.
+The env gets a = low + (tanh(u) + 1) / 2 * (high - low) of a Gaussian sample u, inside its bounds with no
+clipping; the log-probability is exact (change of variables on the stored u) and the entropy a one-sample
+estimate. Observations and rewards are normalised by running statistics kept in the agent, so checkpoints
+carry them.
 
     python ppo_continuous.py                          # Pendulum-v1
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000 \
@@ -29,7 +30,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
+    status 130."""
     print("interrupted")
     raise SystemExit(130)
 
@@ -41,14 +43,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.distributions import Normal, TanhTransform
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppo_continuous"
-TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+# torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+TORCH_THREADS = torch.get_num_threads()
 PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 
 
@@ -94,7 +96,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "Pendulum-v1"
-    """the id of the environment (a gymnasium id with a Box action space)"""
+    """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
     learning_rate: float = 1e-3
@@ -154,7 +156,7 @@ class Args:
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
+    """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -168,7 +170,8 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        # every numeric flag's accepted values, checked before anything is written: one line names the first
+        # one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
@@ -177,7 +180,7 @@ class Args:
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
             ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
@@ -215,7 +218,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
     def thunk():
         if capture_video and idx == 0:
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window, no display needed
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -229,9 +232,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str):
 
 
 def check_env_args(env_id: str) -> None:
-    """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat observation.
-    MuJoCo's own warnings go through Python's (each shown once), not to stderr for every env and to
-    ./MUJOCO_LOG.TXT; its deprecation warnings, about gymnasium's model files, are dropped."""
+    """One clear line for an env this script cannot run: unknown id, unbounded or non-Box actions, a non-flat
+    observation. MuJoCo's own warnings go through Python's (each shown once), not to stderr for every env and
+    to ./MUJOCO_LOG.TXT; its deprecation warnings, about gymnasium's model files, are dropped."""
     if env_id not in gym.registry:
         raise SystemExit(f"error: --env-id={env_id} is not a registered gymnasium id (see gymnasium.pprint_registry())")
     if "mujoco" in str(gym.spec(env_id).entry_point):
@@ -262,18 +265,9 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
-    """Linear + tanh layers of the given widths (CleanRL's continuous-action trunk)."""
-    layers, width = [], in_dim
-    for size in hidden_sizes:
-        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
-        width = size
-    return nn.Sequential(*layers)
-
-
 class RunningNorm(nn.Module):
-    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
-    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -288,14 +282,27 @@ class RunningNorm(nn.Module):
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        var = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var.copy_(var / total)
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...]) -> nn.Sequential:
+    """Linear + tanh layers of the given widths (CleanRL's MLP trunk)."""
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers)
+
+
 class Agent(nn.Module):
+    """A tanh-squashed Gaussian actor (an MLP trunk, a mean head with std 0.01, a log-std) and an MLP critic
+    (std 1). The observation and return statistics are buffers, so checkpoints carry them."""
+
     def __init__(self, obs_dim: int, action_space: gym.spaces.Box, args: Args):
         super().__init__()
         act_dim = action_space.shape[0]
@@ -317,28 +324,39 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)  # (B,)
 
     def get_action_and_value(self, x, action=None):
-        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u). Returns u, its exact
-        log-prob (B,), the one-sample entropy estimate (B,) (None when drawn: only training uses it) and the value (B,)."""
+        """action: the pre-squash sample u (B, A), drawn when not given; the env gets squash_action(u).
+        Returns u, its exact log-probability (B,), the one-sample entropy estimate (B,) (None when drawn:
+        only training uses it) and the value (B,)."""
         hidden = self.actor_trunk(x)
         action_mean = self.actor_mean(hidden)  # (B, A)
         action_logstd = self.actor_logstd(hidden) if isinstance(self.actor_logstd, nn.Linear) else self.actor_logstd
         action_logstd = action_logstd.clamp(self.log_std_min, self.log_std_max)  # (B, A) or (1, A), broadcast
-        if action is None:  # the rollout's call: a sample and its exact log-prob, without the entropy (training's)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             action, logprob = sample_squashed_gaussian(action_mean, action_logstd, self.action_low, self.action_high)
             return action, logprob, None, self.get_value(x)
         probs = Normal(action_mean, action_logstd.exp(), validate_args=False)
         # change of variables, evaluated on u (never atanh of a squashed action): log p(a) = log N(u) - log |da/du|
         logprob = (probs.log_prob(action) - squash_log_abs_det(action, self.action_low, self.action_high)).sum(1)
-        # no closed form: H[a] = H[u] + E[log |da/du|], estimated at a fresh reparameterised sample (its gradient reaches
-        # the mean: with --ent-coef > 0 it also pushes the mean away from the saturated tails)
+        # no closed form: H[a] = H[u] + E[log |da/du|], estimated at a fresh reparameterised sample (its
+        # gradient reaches the mean: with --ent-coef > 0 it also pushes the mean away from the saturated tails)
         entropy = probs.entropy() + squash_log_abs_det(probs.rsample(), self.action_low, self.action_high)
         return action, logprob, entropy.sum(1), self.get_value(x)
 
 
-def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
-    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
-    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
+def compute_gae(
+    rewards,
+    values,
+    terminations,
+    truncations,
+    final_values,
+    next_value,
+    gamma: float,
+    gae_lambda: float,
+):
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value
+    is values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has
+    none (0), a truncated one bootstraps from final_values[t], its final observation's value (the next one is
+    the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
@@ -353,24 +371,28 @@ def compute_gae(rewards, values, terminations, truncations, final_values, next_v
 
 
 def squash_action(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """a = low + (tanh(u) + 1) / 2 * (high - low); u: (..., A), low and high: (A,). The clamp is a no-op in exact
-    arithmetic; it only guards the last float rounding, so an action is never outside [low, high]."""
+    """a = low + (tanh(u) + 1) / 2 * (high - low); u: (..., A), low and high: (A,). The clamp is a no-op in
+    exact arithmetic; it only guards the last float rounding, so an action is never outside [low, high]."""
     return torch.clamp(low + (torch.tanh(u) + 1.0) * 0.5 * (high - low), low, high)
 
 
 def squash_log_abs_det(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """log |da/du| (..., A) of a = squash_action(u): log(1 - tanh(u)^2) + log((high - low) / 2). TanhTransform's
-    formula, 2 * (log 2 - u - softplus(-2u)), stays finite where tanh(u) rounds to +-1 (|u| > 9 in float32)."""
+    """log |da/du| (..., A) of a = squash_action(u): log(1 - tanh(u)^2) + log((high - low) / 2).
+    TanhTransform's formula, 2 * (log 2 - u - softplus(-2u)), stays finite where tanh(u) rounds to +-1 (|u| >
+    9 in float32)."""
     return TanhTransform().log_abs_det_jacobian(u, torch.tanh(u)) + torch.log((high - low) / 2.0)
 
 
 def sample_squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple:
-    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-prob (B,) of squash_action(u), written out:
-    the rollout's sampler, as Normal's and TanhTransform's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
+    """A pre-squash sample u of Normal(mean, exp(log_std)) and the exact log-probability (B,) of
+    squash_action(u), written out: the rollout's sampler, as Normal's and TanhTransform's overhead slows it
+    (benchmarks/results/sps_rollout_sampling.md)."""
     noise = torch.randn_like(mean)
     u = mean + log_std.exp() * noise
     log_normal = -0.5 * noise**2 - log_std - 0.5 * math.log(2.0 * math.pi)
-    log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u)) + torch.log((high - low) / 2.0)  # as squash_log_abs_det
+    log_det = 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u)) + torch.log(
+        (high - low) / 2.0
+    )  # as squash_log_abs_det
     return u, (log_normal - log_det).sum(-1)
 
 
@@ -405,16 +427,318 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    return loss, stats.detach()
+
+
+def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
+    if args.eval_checkpoint is not None:
+        return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    check_env_args(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
+    # a done step returns the next episode's first observation; the finished one's last is in info["final_obs"]
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, video_path) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim = envs.single_observation_space.shape[0]
+
+    agent = Agent(obs_dim, envs.single_action_space, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+        for line in differing:
+            print(f"note: {line}")
+        if start_iteration > args.num_iterations:
+            refused = f"--total-timesteps={args.total_timesteps}"
+            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
+    # pre-squash samples u, not env actions
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # V(final obs) of truncated steps
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    discounted_returns = np.zeros(args.num_envs)  # running episodes' discounted returns, for reward scaling
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    print(f"logging to {run_dir}")
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # the cores other processes leave free: runs side by side share them
+            if not args.threads and device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                    action, logprob, _, value = get_action_and_value(agent.obs_norm(next_obs))
+                    env_action = squash_action(action, agent.action_low, agent.action_high)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(env_action.cpu().numpy())
+                rewards_np[step] = reward
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a truncated episode from its final observation, normalised with the same statistics
+                    zeros = np.zeros(obs_dim)
+                    final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
+                    with torch.no_grad():
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        final_value = agent.get_value(agent.obs_norm(final_obs))
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+
+            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom
+            # et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), statistics updated first
+            if args.norm_reward:
+                rollout_returns = np.zeros_like(rewards_np)
+                for t in range(args.num_steps):
+                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
+                    rollout_returns[t] = discounted_returns
+                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
+                # (T * B, 1)
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
+                reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
+                rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(agent.obs_norm(next_obs))
+                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
+                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                seen_obs = agent.obs_norm(obs)  # (T, B, ...): the policy's input, the statistics were frozen
+            if args.norm_obs:
+                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            b_inds = np.arange(args.batch_size)
+            stats = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(b_inds)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                    batch = (seen_obs, actions, logprobs, advantages, returns, values)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            finite = [p.isfinite().all() for p in agent.parameters()]
+            weights_finite = torch.stack(finite).all().float().view(1)
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
+                advice = f"lower --learning-rate or --max-grad-norm{kept}"
+                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            for name, value in {**losses, "explained_variance": explained_var}.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
+
+            # ALGO LOGIC: periodic evaluation; best.pt keeps the best policy so far, across --resume
+            # (Ctrl-C waits for it)
+            if args.eval_interval and iteration % args.eval_interval == 0:
+                # training's RNG untouched
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+                    eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
+                eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run_dir, "best.pt")
+                writer.add_scalar("charts/eval_return", eval_return, global_step)
+                if not os.path.isfile(best_path) or eval_return > load_checkpoint(best_path, "best.pt")["eval_return"]:
+                    best = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                    save_checkpoint(best_path, {**best, "eval_return": eval_return})
+                    said = f"eval return {eval_return:.2f}, the best so far: {best_path}"
+                    progress.write(f"step {global_step}: {said}")
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                last_good = copy.deepcopy(snapshot)
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
+        progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
+        writer.close()
+        envs.close()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
+# same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
 
 
 # TRY NOT TO MODIFY: torch threads
 def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
+    `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
+    other processes."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        with open("/proc/stat") as f:
             rows = [line.split() for line in f]
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
@@ -461,24 +785,31 @@ def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+        why = f"is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)"
+        raise SystemExit(f"error: {flag}={path} {why}")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        why = f"is not a checkpoint of {SCRIPT}.py ({type(e).__name__})"
+        raise SystemExit(f"error: {flag}={path} {why}") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        why = f"is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py"
+        raise SystemExit(f"error: {flag}={path} {why}")
     return checkpoint
 
 
 def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    """Python's, numpy's and torch's generators (CUDA's where there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, key.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+    }
 
 
 def set_rng_states(states: dict) -> None:
@@ -489,7 +820,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -631,7 +969,8 @@ def run_evaluation(args: Args, device: torch.device) -> None:
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    # a flag an earlier version had and this one has not is dropped
+    flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     check_env_args(args.env_id)
     env = make_env(args.env_id, 0, False, "")()
@@ -640,10 +979,12 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     try:
         agent.load_state_dict(checkpoint["model"])
     except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+        refused = "--eval-checkpoint holds a network of another shape (from another version?)"
+        raise SystemExit(f"error: {refused}") from None
     return agent, args
 
 
+@torch.no_grad()
 def evaluate(
     checkpoint_path: str,
     episodes: int,
@@ -652,13 +993,13 @@ def evaluate(
     seed: int,
     video_path: str = "",
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and return them;
-    with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and
+    return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     return play(agent, saved_args.env_id, episodes, deterministic, device, seed, video_path, talk=True)
 
 
-@torch.no_grad()
 def play(
     agent: Agent,
     env_id: str,
@@ -671,16 +1012,18 @@ def play(
 ) -> list[float]:
     """Play `episodes` whole episodes (env seeds seed, seed + 1, ...; torch seeded with seed) and return their
     returns (printed as each ends when `talk`); with a video_path, record them as `evaluate` does."""
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     env = make_env(env_id, 0, bool(video_path), video_path)()
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))  # frozen stats
+            # frozen stats
+            obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
             u = agent.actor_mean(agent.actor_trunk(obs_t)) if deterministic else agent.get_action_and_value(obs_t)[0]
-            action = squash_action(u, agent.action_low, agent.action_high)  # (1, A); deterministic: the rescaled tanh(mean)
+            # (1, A); deterministic: the rescaled tanh(mean)
+            action = squash_action(u, agent.action_low, agent.action_high)
             obs, reward, terminated, truncated, _ = env.step(action[0].cpu().numpy())
             total += float(reward)
             done = terminated or truncated
@@ -689,272 +1032,6 @@ def play(
             print(f"episode {episode + 1}: return {total:.2f}")
     env.close()
     return returns
-
-
-def main(args: Args) -> None:
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
-    if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
-    check_env_args(args.env_id)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
-    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, video_path) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-
-    agent = Agent(obs_dim, envs.single_action_space, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the same parameters compiled or not; `agent` is what gets saved
-    get_action_and_value, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
-    )
-
-    # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
-
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
-    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)  # pre-squash samples u, not env actions
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    discounted_returns = np.zeros(args.num_envs)  # the running episodes' discounted returns, for reward scaling
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
-    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            # ALGO LOGIC: rollout
-            final_values.zero_()
-            for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
-                global_step += args.num_envs
-                obs[step] = next_obs
-
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
-                    action, logprob, _, value = get_action_and_value(agent.obs_norm(next_obs))
-                    env_action = squash_action(action, agent.action_low, agent.action_high)
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
-
-                next_obs_np, reward, termination, truncation, infos = envs.step(env_action.cpu().numpy())
-                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
-                if truncation.any():
-                    # bootstrap a truncated episode from its final observation, normalised with the same statistics
-                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
-                        final_obs = agent.obs_norm(torch.as_tensor(final_obs, dtype=torch.float32, device=device))
-                        final_value = agent.get_value(final_obs)
-                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
-
-            # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom et al.
-            # 2020, arXiv 2005.12729; gymnasium's NormalizeReward): the statistics take in the rollout's returns first
-            if args.norm_reward:
-                rollout_returns = np.zeros_like(rewards_np)
-                for t in range(args.num_steps):
-                    discounted_returns = discounted_returns * args.gamma + rewards_np[t]
-                    rollout_returns[t] = discounted_returns
-                    discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
-                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
-                reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
-                rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)  # raw until here
-
-            # ALGO LOGIC: bootstrap value and advantages
-            rewards, terminations, truncations = (
-                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
-            )
-            with torch.no_grad():
-                next_value = agent.get_value(agent.obs_norm(next_obs))
-                advantages, returns = compute_gae(
-                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
-                )
-                seen_obs = agent.obs_norm(obs)  # (T, B, obs_dim): exactly what the policy saw, the statistics were frozen
-            if args.norm_obs:
-                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
-
-            # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
-            b_inds = np.arange(args.batch_size)
-            stats = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in (seen_obs, actions, logprobs, advantages, returns, values)]
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(mb_stats)
-
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
-                    break
-
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                raise SystemExit(
-                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
-                )
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
-
-            # ALGO LOGIC: periodic evaluation; best.pt keeps the best policy so far, across --resume (Ctrl-C waits for it)
-            if args.eval_interval and iteration % args.eval_interval == 0:
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # training's RNG untouched
-                    eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
-                eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run_dir, "best.pt")
-                writer.add_scalar("charts/eval_return", eval_return, global_step)
-                if not os.path.isfile(best_path) or eval_return > load_checkpoint(best_path, "best.pt")["eval_return"]:
-                    best = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
-                    save_checkpoint(best_path, {**best, "eval_return": eval_return})
-                    said = f"eval return {eval_return:.2f}, the best so far: {best_path}"
-                    progress.write(f"step {global_step}: {said}")
-
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
-            try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
 
 
 if __name__ == "__main__":

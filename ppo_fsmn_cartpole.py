@@ -1,10 +1,10 @@
-"""PPO with a causal FSMN (feedforward sequential memory network) actor-critic on CartPole (CleanRL's `ppo.py`, plus memory).
+"""PPO with a causal FSMN (feedforward sequential memory network) on CartPole: CleanRL's `ppo.py`, plus memory.
 
-Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel
-weighted sum of `--memory-order` past hidden states, `--memory-stride` steps apart, to the current one.
-Rollouts run it step by step with a per-env memory; training replays each env's rollout in one pass from
-the memory saved at its start, episode boundaries masked. POPGym's tasks with discrete actions run too
-(Morad et al. 2023, arXiv 2303.01859): observations one-hot, grid actions numbered.
+Every DFSMN block (Zhang et al. 2015, arXiv 1512.08301; arXiv 1803.05030) adds a learned per-channel weighted
+sum of `--memory-order` past hidden states, `--memory-stride` steps apart, to the current one. Rollouts run it
+step by step with a per-env memory; training replays each env's rollout in one pass from the memory saved at
+its start, episode boundaries masked. POPGym's tasks with discrete actions run too (Morad et al. 2023, arXiv
+2303.01859): observations one-hot, grid actions numbered.
 
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
+    status 130."""
     print("interrupted")
     raise SystemExit(130)
 
@@ -51,7 +52,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppo_fsmn_cartpole"
-TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+# torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+TORCH_THREADS = torch.get_num_threads()
 PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 
 
@@ -97,7 +99,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment: a gymnasium id with Discrete actions, or a POPGym task"""
+    """the id of the environment (a gymnasium id with a Discrete action space, or a POPGym task)"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -143,7 +145,7 @@ class Args:
     memory_stride: int = 1
     """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S steps"""
     memory_decay: bool = False
-    """also give every block an episode-long memory: its past hidden states summed with learned per-channel decays"""
+    """also an episode-long memory in every block: its hidden states summed with learned per-channel decays"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -151,7 +153,7 @@ class Args:
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     threads: int = 1
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
+    """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -165,7 +167,8 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        # every numeric flag's accepted values, checked before anything is written: one line names the first
+        # one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
@@ -174,12 +177,16 @@ class Args:
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
             ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
             ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
-            ("num_minibatches", self.num_envs % max(self.num_minibatches, 1) == 0, f"a divisor of --num-envs={self.num_envs}"),
+            (
+                "num_minibatches",
+                self.num_envs % max(self.num_minibatches, 1) == 0,
+                f"a divisor of --num-envs={self.num_envs}",
+            ),
             ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
@@ -201,7 +208,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
 
     def thunk():
         if capture_video and idx == 0:
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window, no display needed
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no window needed
             env = gym.make(env_id, render_mode="rgb_array")
             with warnings.catch_warnings():  # a resumed run adds videos of other names to its folder
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
@@ -209,7 +216,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
                 env = gym.wrappers.RecordVideo(env, folder, name_prefix=prefix)
         else:
             env = gym.make(env_id)
-        if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel": memory is needed
+        if mask_velocity:  # [x, x_dot, theta, theta_dot] -> [x, theta], the RL Zoo's "CartPoleNoVel"
             space = gym.spaces.Box(env.observation_space.low[[0, 2]], env.observation_space.high[[0, 2]], dtype=np.float32)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], observation_space=space)
         # POPGym's Battleship, MineSweeper shoot at a grid cell: MultiDiscrete([8, 8]) -> Discrete(64).
@@ -266,8 +273,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class RunningNorm(nn.Module):
-    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize), clipped to
-    +-clip. Its statistics are buffers: checkpoints carry them and evaluation, which never calls `update`, uses them frozen."""
+    """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -282,21 +289,23 @@ class RunningNorm(nn.Module):
         batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        var = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var.copy_(var / total)
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
-def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
-    """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay, or 0 at an episode start. A linear
-    recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes over the whole sequence instead
-    of T steps: products of decays only, no exponent that could overflow.
-    u: (T, B, H); e: (B, H); decay: (H,) in (0, 1); episode_starts: (T, B) bool. Returns e_t, (T, B, H)."""
-    a = decay * ~episode_starts.unsqueeze(-1)  # (T, B, H): a_t, 0 where an episode starts
+def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay, or 0 at an episode start.
+    A linear recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes over the whole
+    sequence instead of T steps: products of decays only, no exponent that could overflow.
+    u: (T, B, H); e: (B, H); decay: (H,) in (0, 1); starts: (T, B) bool. Returns e_t, (T, B, H)."""
+    a = decay * ~starts.unsqueeze(-1)  # (T, B, H): a_t, 0 where an episode starts
     u = torch.cat([u[:1] + a[:1] * e, u[1:]])  # e_{-1} enters through step 0
-    # after the pass of lag k: u_t = sum over s in (t-2k, t] of a_{s+1}...a_t u_s (s >= 0), a_t = a_{t-2k+1}...a_t
+    # after the pass of lag k: u_t = sum over s in (t-2k, t] of a_{s+1}...a_t u_s (s >= 0),
+    # and a_t = a_{t-2k+1}...a_t
     #   lag 1:  u_t += a_t u_{t-1}                 a_t *= a_{t-1}
     #   lag 2:  u_t += (a_t a_{t-1}) u_{t-2}       a_t *= a_{t-2}      then lag 4, 8, ... up to T
     lag = 1
@@ -315,9 +324,9 @@ class FSMNBlock(nn.Module):
             [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
-    S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the whole
-    episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). The taps and d start
-    at zero: the block starts memoryless and learns how much of the past to use."""
+    S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the
+    whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). The taps
+    and d start at zero: the block starts memoryless and learns how much of the past to use."""
 
     def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False):
         super().__init__()
@@ -325,28 +334,29 @@ class FSMNBlock(nn.Module):
         self.proj_in = layer_init(nn.Linear(dim, dim))
         self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
         if memory_decay:
-            # lambda = sigmoid(decay_logits), always in (0, 1); horizons 1/(1-lambda) from 2 to 200 steps, log-uniform
-            # over the channels: lambda = 1 - 1/horizon, sigmoid's inverse log(horizon - 1)
-            self.decay_logits = nn.Parameter(torch.log(torch.logspace(math.log10(2), math.log10(200), dim) - 1))
+            # lambda = sigmoid(decay_logits), always in (0, 1); horizons 1/(1-lambda) from 2 to 200 steps,
+            # log-uniform over the channels: lambda = 1 - 1/horizon, sigmoid's inverse log(horizon - 1)
+            horizons = torch.logspace(math.log10(2), math.log10(200), dim)
+            self.decay_logits = nn.Parameter(torch.log(horizons - 1))
             self.decay_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
         self.proj_out = layer_init(nn.Linear(dim, dim))
         self.norm = nn.LayerNorm(dim)
 
     def decay(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """lambda and the input gain g, (H,) each. g = sqrt(1 - lambda^2) is LRU's normalisation (Orvieto et al. 2023,
-        arXiv 2303.06349): e keeps the scale of h for uncorrelated inputs at every horizon, where a plain sum (g = 1)
-        would grow a steady input 1/(1-lambda)-fold (up to 200) and an average (g = 1-lambda) shrink one step's trace
-        as much."""
+        """lambda and the input gain g, (H,) each. g = sqrt(1 - lambda^2) is LRU's normalisation (Orvieto et
+        al. 2023, arXiv 2303.06349): e keeps the scale of h for uncorrelated inputs at every horizon, where a
+        plain sum (g = 1) would grow a steady input 1/(1-lambda)-fold (up to 200) and an average (g = 1-lambda)
+        shrink one step's trace as much."""
         # 1 - lambda^2 = (1 - lambda)(1 + lambda), with 1 - lambda = sigmoid(-logits) exact near lambda = 1
         gain = torch.sqrt(torch.sigmoid(-self.decay_logits) * (1 + torch.sigmoid(self.decay_logits)))
         return torch.sigmoid(self.decay_logits), gain
 
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with --memory-decay,
-        memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
+        """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with
+        --memory-decay, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
         span = self.memory_order * self.memory_stride
         h = torch.tanh(self.proj_in(x))  # (B, H)
-        window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, h_{t-1}, ..., h_{t-N*S}
+        window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
         # taps on h_t, h_{t-S}, ..., h_{t-N*S}
         m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H)
         new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
@@ -360,8 +370,8 @@ class FSMNBlock(nn.Module):
     def sequence(
         self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor, episode_starts: torch.Tensor
     ) -> torch.Tensor:
-        """x: (T, B, H); memory: (B, N*S [+1], H) at the sequence start; same_episode: (N+1, T, B, 1), see the Agent;
-        episode_starts: (T, B) bool."""
+        """x: (T, B, H); memory (B, N*S [+1], H) at the sequence start; same_episode (N+1, T, B, 1): see
+        Agent; episode_starts (T, B) bool."""
         stride, span = self.memory_stride, self.memory_order * self.memory_stride  # span: oldest tap's lag
         # h (T, B, H) is read back from the history (N*S+T, B, H), oldest first: concatenated as a tensor of
         # its own and then used again, it is miscompiled by torch 2.13's inductor under no_grad (tested)
@@ -371,16 +381,16 @@ class FSMNBlock(nn.Module):
         # lag k of N+1 holds h_{t-(N-k)S}
         lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]
         windows = torch.stack(lagged)  # (N+1, T, B, H)
-        m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed to match k
+        m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed
         if self.memory_decay:
             decay, gain = self.decay()
-            m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)  # (T, B, H)
+            m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)
         return self.norm(x + self.proj_out(m))
 
 
 class Agent(nn.Module):
-    """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value head (std 1).
-    Its memory is every block's last N*S hidden states, (L, B, N*S, H) for L blocks (N*S = 0: none), and with
+    """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value
+    head (std 1). Its memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none), and with
     --memory-decay one more slot at the end for every block's decayed sum e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
@@ -398,8 +408,9 @@ class Agent(nn.Module):
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
 
     def observe(self, obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
-        """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with --prev-action, the
-        previous action one-hot, zero at an episode start. obs: (..., obs_dim) raw; prev_action, episode_starts: (...)."""
+        """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with
+        --prev-action, the previous action one-hot, zero at an episode start. obs: (..., obs_dim) raw;
+        prev_action, episode_starts: (...)."""
         x = self.obs_norm(obs)
         if not self.prev_action:
             return x
@@ -407,13 +418,13 @@ class Agent(nn.Module):
         return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
-        slots = self.memory_order * self.memory_stride + self.memory_decay  # N*S, the oldest tap's lag, [+1: e]
-        return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, N*S [+1], H)
+        slots = self.memory_order * self.memory_stride + self.memory_decay  # N*S, the oldest tap's lag [+1: e]
+        return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, slots, H)
 
     def get_states(self, x, memory, episode_starts):
-        """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S [+1], H); episode_starts: (B,).
-        Returns the features (B, H) and the next memory."""
-        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET: a new episode remembers nothing
+        """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S [+1], H);
+        episode_starts: (B,). Returns the features (B, H) and the next memory."""
+        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at episode starts
         x, new_memory = torch.tanh(self.embed(x)), []
         for block, block_memory in zip(self.blocks, memory):
             x, block_memory = block.step(x, block_memory)
@@ -427,13 +438,13 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, memory, episode_starts, action=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
         logits, value = self.actor(hidden), self.critic(hidden).squeeze(-1)
-        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy (training's)
+        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
             return *sample_categorical(logits), None, value, memory
         probs = Categorical(logits=logits, validate_args=False)
         return action, probs.log_prob(action), probs.entropy(), value, memory
 
     def get_states_sequence(self, x, memory, episode_starts):
-        """A whole rollout in one pass. x: (T, B, input_dim); memory: (L, B, N*S [+1], H) from the rollout's start;
+        """A whole rollout in one pass. x: (T, B, input_dim); memory (L, B, N*S [+1], H) at the rollout's start;
         episode_starts: (T, B) bool. Returns the features (T, B, H), equal to running `get_states` T times."""
         # Episode ids: the N*S remembered steps are episode 0 and every start begins a new id; tap i of
         # step t is used only if step t-iS has step t's id. N=3, S=1, T=5, an episode starts at t=2:
@@ -458,10 +469,20 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
 
 
-def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
-    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
-    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
+def compute_gae(
+    rewards,
+    values,
+    terminations,
+    truncations,
+    final_values,
+    next_value,
+    gamma: float,
+    gae_lambda: float,
+):
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value
+    is values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has
+    none (0), a truncated one bootstraps from final_values[t], its final observation's value (the next one is
+    the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
@@ -476,9 +497,10 @@ def compute_gae(rewards, values, terminations, truncations, final_values, next_v
 
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits + Gumbel
-    noise): the rollout's sampler, as Categorical's overhead slows it (benchmarks/results/sps_rollout_sampling.md)."""
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()  # never log(0)
+    """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
+    # never log(0)
+    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
@@ -487,7 +509,7 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
     Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
@@ -514,16 +536,299 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    return loss, stats.detach()
+
+
+def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
+    if args.eval_checkpoint is not None:
+        return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    check_env_args(args.env_id, args.mask_velocity, args.capture_video)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
+    # a done step returns the next episode's first observation; the finished one's last is in info["final_obs"]
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, video_path, args.mask_velocity) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    obs_dim = envs.single_observation_space.shape[0]
+
+    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+        for line in differing:
+            print(f"note: {line}")
+        if start_iteration > args.num_iterations:
+            refused = f"--total-timesteps={args.total_timesteps}"
+            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # a[t-1]
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # V(final obs) of truncated steps
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+    action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # a[t-1], unused at a start
+
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    print(f"logging to {run_dir}")
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # the cores other processes leave free: runs side by side share them
+            if not args.threads and device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            initial_memory = memory.clone()  # training replays each sequence from here
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+                episode_starts[step] = next_done
+                prev_actions[step] = action
+
+                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                    x = agent.observe(next_obs, action, next_done)
+                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = reward
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a truncated episode from its final observation, seen with that episode's memory
+                    zeros = np.zeros(obs_dim)
+                    final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
+                    with torch.no_grad():
+                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+                        no_start = torch.zeros_like(next_done)
+                        final_value = agent.get_value(agent.observe(final_obs, action, no_start), memory, no_start)
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                next_done = torch.as_tensor(termination | truncation, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
+                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
+                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                seen_obs = agent.observe(obs, prev_actions, episode_starts)  # (T, B, ...): the policy's input
+            if args.norm_obs:
+                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
+            env_inds = np.arange(args.num_envs)
+            envs_per_minibatch = args.num_envs // args.num_minibatches
+            stats = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(env_inds)
+                for start in range(0, args.num_envs, envs_per_minibatch):
+                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
+                    minibatch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
+                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # dim 1: envs
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            finite = [p.isfinite().all() for p in agent.parameters()]
+            weights_finite = torch.stack(finite).all().float().view(1)
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
+                advice = f"lower --learning-rate or --max-grad-norm{kept}"
+                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            for name, value in {**losses, "explained_variance": explained_var}.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                last_good = copy.deepcopy(snapshot)
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
+        progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
+        writer.close()
+        envs.close()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
+# same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
 
 
 # TRY NOT TO MODIFY: torch threads
 def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
+    `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
+    other processes."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        with open("/proc/stat") as f:
             rows = [line.split() for line in f]
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
@@ -570,24 +875,31 @@ def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+        why = f"is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)"
+        raise SystemExit(f"error: {flag}={path} {why}")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        why = f"is not a checkpoint of {SCRIPT}.py ({type(e).__name__})"
+        raise SystemExit(f"error: {flag}={path} {why}") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        why = f"is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py"
+        raise SystemExit(f"error: {flag}={path} {why}")
     return checkpoint
 
 
 def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    """Python's, numpy's and torch's generators (CUDA's where there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, key.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+    }
 
 
 def set_rng_states(states: dict) -> None:
@@ -598,7 +910,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -740,7 +1059,8 @@ def run_evaluation(args: Args, device: torch.device) -> None:
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    # a flag an earlier version had and this one has not is dropped
+    flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     check_env_args(args.env_id, args.mask_velocity)
     env = make_env(args.env_id, 0, False, "", args.mask_velocity)()
@@ -749,7 +1069,8 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     try:
         agent.load_state_dict(checkpoint["model"])
     except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+        refused = "--eval-checkpoint holds a network of another shape (from another version?)"
+        raise SystemExit(f"error: {refused}") from None
     return agent, args
 
 
@@ -764,8 +1085,10 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends and
     return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path, saved_args.mask_velocity)()
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -773,7 +1096,8 @@ def evaluate(
         done, total, action = False, 0.0, torch.zeros(1, dtype=torch.long, device=device)
         while not done:
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
-            hidden, memory = agent.get_states(agent.observe(obs_t, action, start), memory, start)  # frozen statistics
+            # frozen statistics
+            hidden, memory = agent.get_states(agent.observe(obs_t, action, start), memory, start)
             logits = agent.actor(hidden)
             action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, _ = env.step(action.item())
@@ -784,264 +1108,6 @@ def evaluate(
         print(f"episode {episode + 1}: return {total:.2f}")
     env.close()
     return returns
-
-
-def main(args: Args) -> None:
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
-    if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
-    check_env_args(args.env_id, args.mask_velocity, args.capture_video)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
-    # a done step returns the next episode's first observation and the finished episode's last one in info["final_obs"]
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, video_path, args.mask_velocity) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_dim = envs.single_observation_space.shape[0]
-
-    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the same parameters compiled or not; `agent` is what gets saved
-    get_action_and_value, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
-    )
-
-    # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
-
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): what the env returns stays in numpy until the rollout ends
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)  # raw observations
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # actions[t-1], per env
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes' memory
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
-    action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # the previous action, unused at a start
-
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
-    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            # ALGO LOGIC: rollout
-            initial_memory = memory.clone()  # (L, num_envs, N*S [+1], H): training replays each sequence from here
-            final_values.zero_()
-            for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
-                global_step += args.num_envs
-                obs[step] = next_obs
-                episode_starts[step] = next_done
-                prev_actions[step] = action
-
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
-                    x = agent.observe(next_obs, action, next_done)
-                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done)
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
-
-                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
-                rewards_np[step], terminations_np[step], truncations_np[step] = reward, termination, truncation
-                if truncation.any():
-                    # bootstrap a truncated episode from its final observation, seen with that episode's memory
-                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
-                        final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
-                        no_start = torch.zeros_like(next_done)
-                        final_value = agent.get_value(agent.observe(final_obs, action, no_start), memory, no_start)
-                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-                next_done = torch.as_tensor(termination | truncation, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
-
-            # ALGO LOGIC: bootstrap value and advantages
-            rewards, terminations, truncations = (
-                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
-            )
-            with torch.no_grad():
-                next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
-                advantages, returns = compute_gae(
-                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
-                )
-                seen_obs = agent.observe(obs, prev_actions, episode_starts)  # (T, B, ...): what the policy saw
-            if args.norm_obs:
-                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
-
-            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
-            env_inds = np.arange(args.num_envs)
-            envs_per_minibatch = args.num_envs // args.num_minibatches
-            stats = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(env_inds)
-                for start in range(0, args.num_envs, envs_per_minibatch):
-                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    minibatch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
-                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # envs are dim 1
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(mb_stats)
-
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
-                    break
-
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                raise SystemExit(
-                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
-                )
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
-
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
-        if last_good is not None:
-            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
-        else:
-            why = "no iteration completed" if args.save_model else "no --save-model"
-            kept = f"the logs; no checkpoint: {why}"
-        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
-            try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
 
 
 if __name__ == "__main__":

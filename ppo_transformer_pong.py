@@ -1,11 +1,11 @@
 """PPO whose policy attends over the frames of the current episode: a causal transformer, cached and windowed.
 
 One 84x84 grayscale frame per step (no frame stack: time is the transformer's job) becomes a token through the
-NatureCNN's convolutions; a causal transformer attends from it to the last `--lookback` tokens of the episode. Rollouts
-run it step by step with a per-env key/value cache; training replays each env's rollout in one pass with sliding-window
-attention from the memory saved at its start, episode boundaries masked. The environments are ppo_atari.py's.
+NatureCNN's convolutions; a causal transformer attends from it to the episode's last `--lookback` tokens.
+Rollouts run it step by step with a per-env key/value cache; training replays each env's rollout in one pass
+with sliding-window attention from the memory saved at its start, episode boundaries masked.
 
-    python ppo_transformer_pong.py                                # PongNoFrameskip-v4, 10M steps
+    python ppo_transformer_pong.py                                # ppo_atari.py's Pong, 10M steps
     python ppo_transformer_pong.py --lookback 64 --n-layers 3     # a longer memory, a deeper transformer
     python ppo_transformer_pong.py --bf16                         # bfloat16 autocast: CPUs with bf16 instructions, GPUs
     python ppo_transformer_pong.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's status 130."""
+    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
+    status 130."""
     print("interrupted")
     raise SystemExit(130)
 
@@ -48,7 +49,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCRIPT = "ppo_transformer_pong"
-TORCH_THREADS = torch.get_num_threads()  # torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+# torch's default, before any run sets it: one per core, or OMP_NUM_THREADS
+TORCH_THREADS = torch.get_num_threads()
 PLAIN_LINE_SECONDS = 30.0  # with --no-progress, a plain line of progress at least this often
 gym.register_envs(ale_py)
 
@@ -139,13 +141,13 @@ class Args:
     n_heads: int = 4
     """number of attention heads (must divide --d-model)"""
     bf16: bool = False
-    """bfloat16 autocast for the network (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
+    """bfloat16 autocast (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
     """compile the network with torch.compile (opt-in: compilation takes a minute)"""
     env_threads: int = 0
     """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
     threads: int = 0
-    """CPU threads of torch (0: the cores other processes leave free, re-checked every iteration on the CPU)"""
+    """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 
     # to be filled in runtime
     batch_size: int = field(init=False)
@@ -159,7 +161,8 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first one refused
+        # every numeric flag's accepted values, checked before anything is written: one line names the first
+        # one refused
         for flag, accepted, what in (
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
             ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
@@ -168,12 +171,16 @@ class Args:
             ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
             ("num_envs", self.num_envs >= 1, "at least 1"),
             ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, num_envs * num_steps = {self.batch_size}"),
+            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
             ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
             ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
             ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
-            ("num_minibatches", self.num_envs % max(self.num_minibatches, 1) == 0, f"a divisor of --num-envs={self.num_envs}"),
+            (
+                "num_minibatches",
+                self.num_envs % max(self.num_minibatches, 1) == 0,
+                f"a divisor of --num-envs={self.num_envs}",
+            ),
             ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
@@ -191,8 +198,7 @@ class Args:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if
-    unknown."""
+    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(f.read().split())
@@ -202,9 +208,9 @@ def cpu_has_bf16() -> bool:
 
 
 def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
-    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), with its classic
-    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset, as the
-    classic EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw: the script clips them for training."""
+    """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
+    defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
+    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them)."""
     return AtariVectorEnv(
         **atari_settings(env_id),
         num_envs=num_envs,
@@ -220,13 +226,13 @@ def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop
 
 
 def atari_settings(env_id: str) -> dict:
-    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one clear line
-    for anything else. Frame skipping is always the vector env's 4, whatever the id's own frameskip."""
+    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25), or one
+    clear line for anything else. Frame skipping is always the vector env's 4, whatever the id says."""
     spec = gym.registry.get(env_id)
     if spec is None or spec.entry_point != "ale_py.env:AtariEnv":
         raise SystemExit(
-            f"error: --env-id={env_id} is not an Atari game (ppo_continuous.py runs Box-action envs, ppo_fsmn_cartpole.py "
-            "small discrete ones); list the Atari ids with "
+            f"error: --env-id={env_id} is not an Atari game (ppo_continuous.py runs Box-action envs, "
+            "ppo_fsmn_cartpole.py small discrete ones); list the Atari ids with "
             "`python -c 'import gymnasium, ale_py; gymnasium.register_envs(ale_py); gymnasium.pprint_registry()'`"
         )
     if spec.kwargs.get("obs_type", "rgb") != "rgb" or spec.kwargs.get("continuous", False):
@@ -267,7 +273,8 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         self.lives = info["lives"].astype(np.int64)
         if game_over.any():
             info = dict(info)
-            info["episode"] = {"r": np.where(game_over, self.returns, 0.0), "l": np.where(game_over, self.lengths, 0)}
+            scores, lengths = np.where(game_over, self.returns, 0.0), np.where(game_over, self.lengths, 0)
+            info["episode"] = {"r": scores, "l": lengths}
             info["_episode"] = game_over
             self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
@@ -296,14 +303,14 @@ class TransformerLayer(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
-        self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): [h, d] for a key d steps back
+        self.distance_bias = nn.Parameter(torch.zeros(n_heads, lookback + 1))  # (H, W+1): head, steps back
 
     def forward(self, x, kv_cache, visible, distance, slot):
-        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each may attend to; distance: (T, keys), steps back
-        from each new token to each key. Returns (B, T, D). With slot None (a sequence), kv_cache (2, B, H, W, D/H) holds
-        the W = lookback steps before the new tokens, oldest first, and the new keys and values are appended to a copy;
-        with slot (1,) (one step, T = 1), kv_cache (2, B, H, W+1, D/H) is a ring buffer written at `slot` in place (it
-        stays float32 under --bf16, its values rounded to bfloat16 as they come)."""
+        """x: (B, T, D) new tokens; visible: (B, T, keys) bool, the keys each attends to (its own step
+        included); distance: (T, keys), steps back to each key. Returns (B, T, D). Slot None (a sequence):
+        kv_cache (2, B, H, W, D/H) holds the W = lookback steps before the new tokens, oldest first, and the
+        new keys and values are appended to a copy. Slot (1,) (one step, T = 1): kv_cache (2, B, H, W+1, D/H)
+        is a ring buffer written at `slot` in place (float32 under --bf16, its values rounded to bfloat16)."""
         B, T, D = x.shape
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.n_heads, D // self.n_heads)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, D/H)
@@ -312,29 +319,27 @@ class TransformerLayer(nn.Module):
         else:
             kv = kv_cache.index_copy_(3, slot, qkv[1:].to(kv_cache.dtype)).to(qkv.dtype)  # (2, B, H, W+1, D/H)
         bias = self.distance_bias[:, distance.clamp(0, self.lookback)]  # (H, T, keys)
-        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, keys); a row sees its own step
+        mask = bias.masked_fill(~visible.unsqueeze(1), float("-inf")).to(qkv.dtype)  # (B, H, T, keys)
         attention = nn.functional.scaled_dot_product_attention(qkv[0], kv[0], kv[1], attn_mask=mask)  # (B, H, T, D/H)
         x = x + self.proj(attention.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
 
 
-Memory = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (kv, valid, slot), see Agent
-
-
 class Agent(nn.Module):
-    """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer layers over the
-    last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in Beltagy et al. 2020), a
-    final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory (kv, valid, slot) is a ring buffer of
-    W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's keys and values; slot (1,), the same for every
-    env, where the next step writes (over the step W + 1 back, which no step attends to); valid (B, W+1), the slots of
-    the current episode. A step writes kv in place, so training clones the memory at the rollout's start; a dropped step
-    (a final observation's value) writes only the slot that the next step overwrites. As a recurrent PPO's initial
-    hidden state, the replayed memory is not trained through, so the first epoch's ratio is exactly 1."""
+    """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer
+    layers over the last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in
+    Beltagy et al. 2020), a final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory
+    (kv, valid, slot) is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's
+    keys and values; slot (1,), the same for every env, where the next step writes (over the step W + 1 back,
+    which no step attends to); valid (B, W+1), the slots of the current episode. A step writes kv in place, so
+    training clones the memory at the rollout's start; a dropped step (a final observation's value) writes
+    only the slot that the next step overwrites. As a recurrent PPO's initial hidden state, the replayed
+    memory is not trained through, so the first epoch's ratio is exactly 1."""
 
     def __init__(self, n_actions: int, args: Args):
         super().__init__()
         self.lookback, self.n_heads, self.d_model = args.lookback, args.n_heads, args.d_model
-        self.encoder = nn.Sequential(  # ppo_atari.py says `network`; saved checkpoints of this script hold `encoder`
+        self.network = nn.Sequential(
             layer_init(nn.Conv2d(1, 32, 8, stride=4)),  # (B, 32, 20, 20)
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)),  # (B, 64, 9, 9)
@@ -349,11 +354,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.d_model, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         self.bf16 = args.bf16
-        # channels-last is the faster layout in float32, the slower under bf16 on CPUs (benchmarks/results/atari_ceiling.md)
+        # channels-last: faster in float32, slower in bf16 on CPUs (benchmarks/results/atari_ceiling.md)
         self.memory_format = torch.contiguous_format if args.bf16 else torch.channels_last
         self.to(memory_format=self.memory_format)
+        self.register_load_state_dict_pre_hook(self.rename_encoder)  # checkpoints that say `encoder` load
 
-    def initial_memory(self, num_envs: int, device: torch.device) -> Memory:
+    @staticmethod
+    def rename_encoder(module, state_dict: dict, prefix: str, *_) -> None:
+        for key in [k for k in state_dict if k.startswith(f"{prefix}encoder.")]:
+            state_dict[f"{prefix}network.{key[len(prefix) + len('encoder.') :]}"] = state_dict.pop(key)
+
+    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
         return torch.zeros(shape, device=device), valid, torch.zeros(1, dtype=torch.long, device=device)
@@ -362,7 +373,7 @@ class Agent(nn.Module):
         """x: (N, 1, 84, 84) uint8 frames -> tokens (N, D), in the compute dtype."""
         # straight to the compute dtype, scaled in place: one frame-sized allocation; the layout carries over
         x = x.contiguous(memory_format=self.memory_format).to(torch.bfloat16 if self.bf16 else torch.float32)
-        return self.encoder(x.div_(255.0))
+        return self.network(x.div_(255.0))
 
     def get_states(self, x, memory, episode_starts):
         """One cached step for every env. x: (B, 1, 84, 84) uint8; episode_starts: (B,) bool. Returns the hidden states
@@ -372,7 +383,7 @@ class Agent(nn.Module):
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
                           distance   1   0   3   2      episode), with the bias of the slot's distance"""
         kv, valid, slot = memory
-        valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: an episode that begins attends to nothing before it
+        valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: a new episode sees nothing before it
         valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
         distance = (slot - torch.arange(self.lookback + 1, device=x.device)) % (self.lookback + 1)  # (W+1,)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -404,12 +415,12 @@ class Agent(nn.Module):
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
         kv, valid, slot = memory
         (T, B), W = episode_starts.shape, self.lookback
-        oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the ring's last W steps
+        oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the last W steps
         kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)  # (L, 2, B, H, W, D/H), (B, W)
         ids = torch.cumsum(episode_starts.long(), dim=0).T  # (B, T): every start begins a new id
-        key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T): cached slots of the running episode are id 0
+        key_ids = torch.cat([torch.where(valid, 0, -1), ids], dim=1)  # (B, W+T); cache: 0 or -1 (empty)
         positions = torch.arange(W + T, device=x.device)
-        distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t sits at position W+t
+        distance = positions[W:].unsqueeze(1) - positions.unsqueeze(0)  # (T, W+T): query t at position W+t
         band = (distance >= 0) & (distance <= W)  # (T, W+T): causal, at most lookback steps back
         visible = band & (key_ids.unsqueeze(1) == ids.unsqueeze(2))  # (B, T, W+T): and the same episode
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -424,10 +435,20 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
 
 
-def compute_gae(rewards, values, terminations, truncations, final_values, next_value, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value is
-    values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has none (0), a
-    truncated one bootstraps from final_values[t], its final observation's value (the next one is the new episode's)."""
+def compute_gae(
+    rewards,
+    values,
+    terminations,
+    truncations,
+    final_values,
+    next_value,
+    gamma: float,
+    gae_lambda: float,
+):
+    """Generalized advantage estimation (Schulman et al. 2016) over (T, B) tensors. Step t's successor value
+    is values[t + 1] (next_value after the last step) unless the episode ended at t: a terminated step has
+    none (0), a truncated one bootstraps from final_values[t], its final observation's value (the next one is
+    the new episode's)."""
     dones = torch.logical_or(terminations, truncations).to(rewards.dtype)
     bootstrap_final = torch.logical_and(truncations, ~terminations).to(rewards.dtype)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])  # (T, B)
@@ -445,7 +466,7 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
     Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
@@ -472,16 +493,305 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac]).detach()
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    return loss, stats.detach()
+
+
+def main(args: Args) -> None:
+    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
+    cpu_reading = []  # free_cores' last reading
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    check_names(args)
+    if args.eval_checkpoint is not None:
+        return run_evaluation(args, device)
+
+    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    atari_settings(args.env_id)
+    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+
+    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
+    if checkpoint:
+        run_name = checkpoint["run_name"]
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir, video_dir, root = run_folders(run_name, args.resume)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    # a resumed run's videos are named from its first step: the earlier part's stay as they are
+    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
+    video_path = os.path.join(video_dir, video_name)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
+    # a done step returns the next game's first obs, its last in info["final_obs"]; a life lost ends one
+    envs = make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads)
+    envs = RecordGameStatistics(envs)
+
+    agent = Agent(envs.single_action_space.n, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # the same parameters compiled or not; `agent` is what gets saved
+    get_action_and_value, loss_fn = (
+        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
+    )
+
+    # TRY NOT TO MODIFY: resume
+    start_iteration, global_step = 1, 0
+    if checkpoint:
+        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+        saved = checkpoint["args"]
+        differing = [
+            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+            if saved[flag] != getattr(args, flag)
+        ]
+        try:
+            agent.load_state_dict(checkpoint["model"])
+        except RuntimeError:
+            why = "; ".join(differing) or "no flag differs (another version?)"
+            refused = f"--resume={args.resume} holds a network of another shape"
+            raise SystemExit(f"error: {refused}; {why}") from None
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+            set_rng_states(checkpoint["rng_states"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+        for line in differing:
+            print(f"note: {line}")
+        if start_iteration > args.num_iterations:
+            refused = f"--total-timesteps={args.total_timesteps}"
+            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)  # frames
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # V(final obs) of truncated steps
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
+    memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
+
+    # ALGO LOGIC: warnings, once every check has passed
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
+
+    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
+    if args.total_timesteps % args.batch_size:
+        trained = args.num_iterations * args.batch_size
+        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
+    # an earlier part's videos, logged then
+    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    print(f"logging to {run_dir}")
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
+    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
+    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
+    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+
+    try:
+        for iteration in progress:
+            # the cores other processes leave free: runs side by side share them
+            if not args.threads and device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
+            # Annealing the rate if instructed to do so.
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # ALGO LOGIC: rollout
+            initial_memory = tuple(x.clone() for x in memory)  # training replays each sequence from here
+            final_values.zero_()
+            for step in range(args.num_steps):
+                if interrupts:
+                    raise KeyboardInterrupt
+                global_step += args.num_envs
+                obs[step] = next_obs
+                episode_starts[step] = next_done
+
+                with torch.no_grad():
+                    action, logprob, _, value, memory = get_action_and_value(next_obs, memory, next_done)
+                values[step] = value
+                actions[step] = action
+                logprobs[step] = logprob
+
+                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
+                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
+                terminations_np[step], truncations_np[step] = termination, truncation
+                if truncation.any():
+                    # bootstrap a game cut at the frame limit from its final observation, seen with that game's memory
+                    with torch.no_grad():
+                        final_obs = torch.as_tensor(infos["final_obs"], device=device)
+                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
+                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
+                next_obs = torch.as_tensor(next_obs_np, device=device)
+                next_done = torch.as_tensor(termination | truncation, device=device)
+
+                # TRY NOT TO MODIFY: episode statistics
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
+                    next_line = time.time() + PLAIN_LINE_SECONDS
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+
+                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
+                # at a game's end the newest observation is the next game's: keep the final one
+                if args.capture_video:
+                    game_over = "episode" in infos and infos["_episode"][0]
+                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
+                    if game_over and capped_cubic_video_schedule(videos_saved):  # save_video's schedule
+                        # 84x84 grayscale -> 336x336 RGB
+                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
+                        prefix = os.path.basename(video_path)
+                        save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
+                    if game_over:
+                        videos_saved, video_frames = videos_saved + 1, []
+
+            # ALGO LOGIC: bootstrap value and advantages
+            rewards, terminations, truncations = (
+                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
+            )
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs, memory, next_done)
+                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
+                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
+            env_inds = np.arange(args.num_envs)
+            envs_per_minibatch = args.num_envs // args.num_minibatches
+            stats = []
+            for epoch in range(args.update_epochs):
+                np.random.shuffle(env_inds)
+                for start in range(0, args.num_envs, envs_per_minibatch):
+                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
+                    kv, valid, slot = initial_memory  # the ring's slot is the same for every env
+                    mb_memory = (kv[:, :, mb_envs], valid[mb_envs], slot)
+                    batch = (episode_starts, actions, logprobs, advantages, returns, values)  # dim 1: envs
+                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in batch))
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+
+                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
+                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                    break
+
+            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
+            finite = [p.isfinite().all() for p in agent.parameters()]
+            weights_finite = torch.stack(finite).all().float().view(1)
+            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+            losses = dict(zip(LOSS_NAMES, means))
+            if not (np.isfinite(losses["loss"]) and weights_finite):
+                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
+                advice = f"lower --learning-rate or --max-grad-norm{kept}"
+                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+            var_y = torch.var(returns)
+            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+            for name, value in {**losses, "explained_variance": explained_var}.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
+            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+                log_new_videos(wandb_run, video_dir, logged_videos)
+
+            # TRY NOT TO MODIFY: periodic checkpoint
+            done_iteration = iteration
+            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
+                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
+                last_good = copy.deepcopy(snapshot)
+                if iteration % args.save_interval == 0:
+                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+        if last_good is not None:
+            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+        else:
+            why = "no iteration completed" if args.save_model else "no --save-model"
+            kept = f"the logs; no checkpoint: {why}"
+        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
+        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+    finally:
+        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
+        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seconds = time.time() - start_time
+        progress.close()
+        not_saved = None
+        if last_good is not None:
+            try:
+                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
+            except SystemExit as e:  # a full disk: said once the logs are closed
+                not_saved = e
+        writer.close()
+        envs.close()
+        if wandb_run is not None:
+            log_new_videos(wandb_run, video_dir, logged_videos)
+            wandb_run.finish()
+        signal.signal(signal.SIGINT, previous_handler)
+        saved = None if not_saved else last_good
+        sps = int((global_step - start_step) / seconds)
+        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
+        if not_saved is not None:
+            raise not_saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
+# same in every script), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
 
 
 # TRY NOT TO MODIFY: torch threads
 def free_cores(last: list[float]) -> int:
-    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading `last` keeps
-    (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the other processes."""
+    """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
+    `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
+    other processes."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:  # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        # per CPU: user, nice, system, idle, iowait, irq, softirq, ... in clock ticks
+        with open("/proc/stat") as f:
             rows = [line.split() for line in f]
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
@@ -528,24 +838,31 @@ def save_checkpoint(path: str, checkpoint: dict, keep: int = 0) -> None:
 def load_checkpoint(path: str, flag: str) -> dict:
     """Load tensors and plain values only (`weights_only=True`) and refuse another script's checkpoint."""
     if os.path.isdir(path):
-        raise SystemExit(f"error: {flag}={path} is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)")
+        why = f"is a folder; pass the checkpoint file in it (e.g. {path}/checkpoint.pt)"
+        raise SystemExit(f"error: {flag}={path} {why}")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {flag}={path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise SystemExit(f"error: {flag}={path} is not a checkpoint of {SCRIPT}.py ({type(e).__name__})") from None
+        why = f"is not a checkpoint of {SCRIPT}.py ({type(e).__name__})"
+        raise SystemExit(f"error: {flag}={path} {why}") from None
     script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
     if script != SCRIPT:
-        raise SystemExit(f"error: {flag}={path} is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py")
+        why = f"is a checkpoint of {script or 'an unknown script'}, not of {SCRIPT}.py"
+        raise SystemExit(f"error: {flag}={path} {why}")
     return checkpoint
 
 
 def rng_states() -> dict:
-    """Python's, numpy's and torch's generators (CUDA's too when there is one), as plain values and tensors."""
+    """Python's, numpy's and torch's generators (CUDA's where there is one), as plain values and tensors."""
     kind, key, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [kind, key.tolist(), *rest], "torch": torch.get_rng_state()}
-    return {**states, "cuda": torch.cuda.get_rng_state_all()}  # [] without a GPU
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, key.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+    }
 
 
 def set_rng_states(states: dict) -> None:
@@ -556,7 +873,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -698,7 +1022,8 @@ def run_evaluation(args: Args, device: torch.device) -> None:
 
 # ALGO LOGIC: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
-    flags = {f.name for f in fields(Args) if f.init}  # a flag an earlier version had and this one has not is dropped
+    # a flag an earlier version had and this one has not is dropped
+    flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
@@ -706,7 +1031,8 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
     try:
         agent.load_state_dict(checkpoint["model"])
     except RuntimeError:
-        raise SystemExit("error: --eval-checkpoint holds a network of another shape (from another version?)") from None
+        refused = "--eval-checkpoint holds a network of another shape (from another version?)"
+        raise SystemExit(f"error: {refused}") from None
     return agent, args
 
 
@@ -721,12 +1047,13 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
     as its game ends and return them; with a video_path (folder/name start), record games as training does.
-    A life lost is signalled as in training (without resetting the game), so that the memory is emptied where
-    it was."""
-    agent, saved_args = build_agent_from_checkpoint(load_checkpoint(checkpoint_path, "--eval-checkpoint"), device)
+    A life lost is signalled as in training (the game goes on), so the memory is emptied where it was."""
+    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
+    torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     obs, infos = envs.reset(seed=seed)
     memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
     scores, lives, frames = [], infos["lives"], []
@@ -734,7 +1061,7 @@ def evaluate(
         hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
         logits = agent.actor(hidden)
         action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life, as after a reset:
+        if fire is not None and infos["lives"][0] < lives[0]:  # FIRE restarts play after a lost life
             action[:] = fire  # a policy that never presses it would otherwise play out the frame cap
         lives = infos["lives"]
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
@@ -752,263 +1079,6 @@ def evaluate(
             frames = []
     envs.close()
     return scores
-
-
-def main(args: Args) -> None:
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
-    if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
-    atari_settings(args.env_id)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ALGO LOGIC: env setup (SAME_STEP autoreset, https://farama.org/Vector-Autoreset-Mode), agent and optimizer
-    # a done step returns the next game's first observation and its last in info["final_obs"]; a life lost ends an episode
-    envs = RecordGameStatistics(make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads))
-
-    agent = Agent(envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the same parameters compiled or not; `agent` is what gets saved
-    get_action_and_value, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
-    )
-
-    # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            raise SystemExit(f"error: --total-timesteps={args.total_timesteps} must exceed the checkpoint's {global_step}")
-
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...): frames stay uint8 on the device, the env's outputs in numpy
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
-    memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs, device=device)
-    next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
-
-    # ALGO LOGIC: warnings, once every check has passed
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
-
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands (inside a
-    # finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            if not args.threads and device.type == "cpu":  # the cores other processes leave free: runs side by side share them
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-            # ALGO LOGIC: rollout
-            initial_memory = tuple(x.clone() for x in memory)  # (kv, valid, slot): training replays every sequence from here
-            final_values.zero_()
-            for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
-                global_step += args.num_envs
-                obs[step] = next_obs
-                episode_starts[step] = next_done
-
-                with torch.no_grad():
-                    action, logprob, _, value, memory = get_action_and_value(next_obs, memory, next_done)
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
-
-                next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
-                rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
-                terminations_np[step], truncations_np[step] = termination, truncation
-                if truncation.any():
-                    # bootstrap a game cut at the frame limit from its final observation, seen with that game's memory
-                    with torch.no_grad():
-                        final_obs = torch.as_tensor(infos["final_obs"], device=device)
-                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
-                    final_values[step] = final_value * torch.as_tensor(truncation, device=device)
-                next_obs = torch.as_tensor(next_obs_np, device=device)
-                next_done = torch.as_tensor(termination | truncation, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    for r, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
-
-                # ALGO LOGIC: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
-                if args.capture_video:  # at a game's end the newest observation is the next game's: keep the final one
-                    game_over = "episode" in infos and infos["_episode"][0]
-                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
-                    if game_over and capped_cubic_video_schedule(videos_saved):  # also save_video's default schedule
-                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        prefix = os.path.basename(video_path)
-                        save_video(frames, video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
-                    if game_over:
-                        videos_saved, video_frames = videos_saved + 1, []
-
-            # ALGO LOGIC: bootstrap value and advantages
-            rewards, terminations, truncations = (
-                torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
-            )
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs, memory, next_done)
-                advantages, returns = compute_gae(
-                    rewards, values, terminations, truncations, final_values, next_value, args.gamma, args.gae_lambda
-                )
-
-            # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
-            env_inds = np.arange(args.num_envs)
-            envs_per_minibatch = args.num_envs // args.num_minibatches
-            stats = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(env_inds)
-                for start in range(0, args.num_envs, envs_per_minibatch):
-                    mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    kv, valid, slot = initial_memory  # the ring's slot is the same for every env
-                    mb_memory = (kv[:, :, mb_envs], valid[mb_envs], slot)
-                    minibatch = (episode_starts, actions, logprobs, advantages, returns, values)  # envs are dim 1
-                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in minibatch))
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(mb_stats)
-
-                if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
-                    break
-
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                raise SystemExit(
-                    f"error: the loss diverged at iteration {iteration}: lower --learning-rate or --max-grad-norm{kept}"
-                )
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
-
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                last_good = copy.deepcopy(make_checkpoint(args, run_name, agent, optimizer, iteration, global_step))
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        print(f"interrupted during iteration {done_iteration + 1}; keeping the logs and the last checkpoint")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last complete iteration's checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
-            try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
 
 
 if __name__ == "__main__":

@@ -234,14 +234,16 @@ def test_evaluation_plays_the_rescaled_tanh_mean_or_a_seeded_sample(monkeypatch)
         agent.actor_mean.weight.normal_(0, 3)
         agent.obs_norm.mean.fill_(0.5)
         agent.obs_norm.var.fill_(0.25)
-    p.play(agent, "Pendulum-v1", 1, True, torch.device("cpu"), 0)
+    with torch.no_grad():
+        p.play(agent, "Pendulum-v1", 1, True, torch.device("cpu"), 0)
     obs, actions = (torch.as_tensor(np.stack(x)) for x in zip(*steps))
     with torch.no_grad():
         mean = agent.actor_mean(agent.actor_trunk(((obs - 0.5) / torch.sqrt(torch.tensor(0.25 + 1e-8))).clamp(-10, 10)))
     torch.testing.assert_close(actions, -2 + (torch.tanh(mean) + 1) / 2 * 4, rtol=0, atol=1e-5)
     assert len(steps) == 200 and actions.abs().max() > 1.0  # the means reach far from 0
 
-    sampled = [p.play(agent, "Pendulum-v1", 2, False, torch.device("cpu"), 3) for _ in range(2)]
+    with torch.no_grad():
+        sampled = [p.play(agent, "Pendulum-v1", 2, False, torch.device("cpu"), 3) for _ in range(2)]
     assert sampled[0] == sampled[1]
     actions = np.stack([a for _, a in steps[200:]])
     assert (np.abs(actions) <= 2).all() and len(np.unique(actions)) > 100

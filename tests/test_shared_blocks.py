@@ -67,6 +67,7 @@ def test_every_top_level_script_is_checked():
 def test_shared_blocks_are_identical_in_every_script():
     sources = read_sources()
     assert len(shared_blocks(sources[SCRIPTS[0]])) >= 9
+    assert "the opening of main (threads, device, names, the evaluation mode)" in shared_blocks(sources[SCRIPTS[0]])
     problems = differences(sources)
     assert not problems, "\n".join(problems)
 

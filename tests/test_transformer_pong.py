@@ -217,7 +217,7 @@ def test_bf16_keeps_a_float32_memory_and_the_layout_follows_it():
     float32, written in place, and the cached steps still match the one-pass sequence to bfloat16's precision."""
     torch.manual_seed(0)
     agent = p.Agent(6, p.Args(lookback=4, n_layers=2, n_heads=2, d_model=16, bf16=True))
-    bf16_conv, float32_conv = agent.encoder[2].weight, p.Agent(6, p.Args(d_model=16)).encoder[2].weight  # (64, 32, 4, 4)
+    bf16_conv, float32_conv = agent.network[2].weight, p.Agent(6, p.Args(d_model=16)).network[2].weight  # (64, 32, 4, 4)
     assert bf16_conv.is_contiguous() and not bf16_conv.is_contiguous(memory_format=torch.channels_last)
     assert float32_conv.is_contiguous(memory_format=torch.channels_last)
     frames, starts = random_frames(10, 2, seed=2), random_starts(10, 2, 0.2, seed=2)
@@ -387,3 +387,13 @@ def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
     path = tmp_path / "other.pt"
     torch.save({"script": "ppo_atari", "model": {}}, path)
     assert_one_line_error(run_script(SCRIPT, flag, str(path), cwd=str(tmp_path)), flag, "ppo_atari")
+
+
+def test_a_checkpoint_that_names_the_convolutions_encoder_loads():
+    torch.manual_seed(0)
+    saved = p.Agent(6, p.Args(lookback=2, n_layers=1, n_heads=2, d_model=16)).state_dict()
+    old_names = {k.replace("network.", "encoder.", 1) if k.startswith("network.") else k: v for k, v in saved.items()}
+    agent = p.Agent(6, p.Args(lookback=2, n_layers=1, n_heads=2, d_model=16))
+    agent.load_state_dict(old_names)
+    for name, tensor in agent.state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
