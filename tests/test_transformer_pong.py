@@ -274,9 +274,9 @@ def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_t
 
     original_gae = p.compute_gae
 
-    def spy(rewards, values, terminations, truncations, final_values, *args):
+    def spy(rewards, values, terminations, truncations, final_values, *args, **kwargs):
         captured.append((truncations.clone(), final_values.clone()))
-        return original_gae(rewards, values, terminations, truncations, final_values, *args)
+        return original_gae(rewards, values, terminations, truncations, final_values, *args, **kwargs)
 
     monkeypatch.setattr(p.RecordGameStatistics, "reset", reset)
     monkeypatch.setattr(p.RecordGameStatistics, "step", step)
