@@ -1019,7 +1019,7 @@ def play(
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            # frozen stats
+            # frozen statistics
             obs_t = agent.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
             u = agent.actor_mean(agent.actor_trunk(obs_t)) if deterministic else agent.get_action_and_value(obs_t)[0]
             # (1, A); deterministic: the rescaled tanh(mean)
