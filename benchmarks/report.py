@@ -67,37 +67,59 @@ class Run:
     path: str = ""
 
 
+class RunReader:
+    """A run's events, read again as they are written: each call reads only what its event files gained since
+    the last call (the tuner calls it every few seconds while a run trains), and returns the run so far."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.files: dict[str, FileReader] = {}
+
+    def __call__(self) -> Run | None:
+        parts = os.path.basename(self.run_dir).split("__")
+        if len(parts) != 4 or not parts[2].isdigit():
+            return None
+        env_id, exp_name, seed, _ = parts
+        for path in glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*")):  # one per part of a resumed run
+            self.files.setdefault(path, FileReader(path))
+        scalars = [self.files[path]() for path in sorted(self.files)]
+        events = merge_parts([s.get("charts/episodic_return", []) for s in scalars])
+        if not events:
+            return None
+        sps_events = merge_parts([s.get("charts/SPS", []) for s in scalars])
+        segments = [(s["start"], s["end"]) for s in scalars if "start" in s]
+        return Run(
+            config=f"{env_id}__{exp_name}",
+            seed=int(seed),
+            steps=np.array([step for step, _, _ in events]),
+            returns=np.array([value for _, value, _ in events]),
+            wall=np.array([active_seconds(wall, segments) for _, _, wall in events]),
+            sps=sps_events[-1][1] if sps_events else float("nan"),
+            duration=sum(end - begin for begin, end in segments),
+            path=self.run_dir,
+        )
+
+
 def load_run(run_dir: str) -> Run | None:
-    parts = os.path.basename(run_dir).split("__")
-    if len(parts) != 4 or not parts[2].isdigit():
-        return None
-    env_id, exp_name, seed, _ = parts
-    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))  # one per part of a resumed run
-    scalars = [read_file_scalars(path) for path in files]
-    events = merge_parts([s.get("charts/episodic_return", []) for s in scalars])
-    if not events:
-        return None
-    sps_events = merge_parts([s.get("charts/SPS", []) for s in scalars])
-    segments = [(s["start"], s["end"]) for s in scalars if "start" in s]
-    return Run(
-        config=f"{env_id}__{exp_name}",
-        seed=int(seed),
-        steps=np.array([step for step, _, _ in events]),
-        returns=np.array([value for _, value, _ in events]),
-        wall=np.array([active_seconds(wall, segments) for _, _, wall in events]),
-        sps=sps_events[-1][1] if sps_events else float("nan"),
-        duration=sum(end - begin for begin, end in segments),
-        path=run_dir,
-    )
+    return RunReader(run_dir)()
 
 
-def read_file_scalars(path: str) -> dict:
-    """tag -> [(step, value, wall time), ...] of one event file, and its first and last wall time ('start', 'end')."""
-    accumulator = EventAccumulator(path, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    found = {tag: [(e.step, e.value, e.wall_time) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
-    times = [event.wall_time for event in EventFileLoader(path).Load()]
-    return {**found, "start": min(times), "end": max(times)} if times else found
+class FileReader:
+    """One event file, read on from where the last call stopped (TensorBoard's loaders keep their place)."""
+
+    def __init__(self, path: str):
+        self.accumulator = EventAccumulator(path, size_guidance={"scalars": 0})
+        self.loader = EventFileLoader(path)
+        self.times: list[float] = []  # the first and last wall time of any event
+
+    def __call__(self) -> dict:
+        """tag -> [(step, value, wall time), ...], and the file's first and last wall time ('start', 'end')."""
+        self.accumulator.Reload()
+        tags = self.accumulator.Tags()["scalars"]
+        found = {tag: [(e.step, e.value, e.wall_time) for e in self.accumulator.Scalars(tag)] for tag in tags}
+        times = self.times + [event.wall_time for event in self.loader.Load()]
+        self.times = [min(times), max(times)] if times else []
+        return {**found, "start": self.times[0], "end": self.times[1]} if self.times else found
 
 
 def merge_parts(parts: list[list[tuple]]) -> list[tuple]:
@@ -112,7 +134,7 @@ def merge_parts(parts: list[list[tuple]]) -> list[tuple]:
 
 def wall_segments(run_dir: str) -> list[tuple[float, float]]:
     """(first, last) wall time of each event file of a run: one per part of a run that was resumed."""
-    scalars = [read_file_scalars(path) for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))]
+    scalars = [FileReader(path)() for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))]
     return [(s["start"], s["end"]) for s in scalars if "start" in s]
 
 

@@ -20,7 +20,7 @@ Presets (seeds from 101, so that a winner can be judged on seeds 1-5, which the 
   fsmn-cartpole    ppo_fsmn_cartpole.py, CartPole-v1, 50k steps, one seed: mean of the last 20 returns.
   continuous       ppo_continuous.py, Pendulum-v1 (60k steps) and LunarLanderContinuous-v3 (500k), 2 seeds:
                    area under the learning curve, normalised per env.
-  ppg-lunarlander  ppg_lunarlander.py, LunarLander-v3, 200k steps, 2 seeds: area under the learning curve.
+  ppg-lunarlander  ppg_lunarlander.py, LunarLander-v3, 150k steps, 2 seeds: area under the learning curve.
 
 A search-space file (YAML; JSON if its name ends in .json) has the presets' keys:
   script: ppo_continuous.py               # a top-level script of this repository
@@ -123,16 +123,19 @@ PRESETS: dict[str, dict] = {
         params={
             **PPO_SPACE,
             "gamma": {"type": "categorical", "choices": [0.99, 0.995, 0.999]},
-            "num-steps": {"type": "categorical", "choices": [128, 256, 512]},
-            "num-minibatches": {"type": "categorical", "choices": [16, 32, 64, 128]},
+            "num-envs": {"type": "categorical", "choices": [8, 16]},
+            "num-steps": {"type": "categorical", "choices": [64, 128, 256]},
+            "num-minibatches": {"type": "categorical", "choices": [8, 16, 32, 64]},
             "ent-coef": {"type": "log", "low": 1e-4, "high": 0.03},
-            "n-iteration": {"type": "categorical", "choices": [8, 16, 32]},
-            "e-policy": {"type": "int", "low": 1, "high": 3},
+            # short phases as well, so that the auxiliary phase runs several times within the budget
+            "n-iteration": {"type": "categorical", "choices": [4, 8, 16, 32]},
+            "e-policy": {"type": "int", "low": 1, "high": 4},
+            "e-value": {"type": "int", "low": 1, "high": 4},
             "e-auxiliary": {"type": "int", "low": 2, "high": 8},
             "beta-clone": {"type": "log", "low": 0.3, "high": 3.0},
         },
         seeds=[101, 102],
-        total_timesteps=200000,
+        total_timesteps=150000,
         envs={"LunarLander-v3": {"scores": [-200, 250], "threshold": 200}},
         objective="auc",
     ),
@@ -536,16 +539,18 @@ def follow(
         try:
             if os.path.join(repo, "benchmarks") not in sys.path:  # imported while the script starts
                 sys.path.insert(0, os.path.join(repo, "benchmarks"))
-            from report import load_run
+            from report import RunReader
             from run import pack
 
             # the run's own folder, env__exp__seed__time: the trial's other seeds run beside it in the same folder
             flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
             run_name = f"{flag('--env-id')}__{flag('--exp-name')}__{flag('--seed')}__*"
+            readers = {}  # one per run folder: each poll reads only the events written since the last
             found = lambda: sorted(glob.glob(os.path.join(folder, "runs", run_name)))[-1:]  # noqa: E731
+            read = lambda: next((readers.setdefault(path, RunReader(path))() for path in found()), None)  # noqa: E731
             while process.poll() is None:
                 time.sleep(poll)
-                yield next((load_run(path) for path in found()), None)
+                yield read()
             log.write(f"=== exit {process.returncode}\n")
             log.flush()
             with open(log_path, errors="replace") as f:
@@ -553,7 +558,7 @@ def follow(
             folders = [d for d in ("runs", "logs") if os.path.isdir(os.path.join(folder, d))]
             yield {
                 "code": process.returncode,
-                "run": next((load_run(path) for path in found()), None),
+                "run": read(),
                 "error": lines[-1] if lines else "",
                 "files": pack(folder, folders) if temporary else b"",
             }

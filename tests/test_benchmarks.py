@@ -54,6 +54,38 @@ def test_steps_to_threshold_and_final_return(tmp_path):
     assert report.spread([-1217.3, -983.7, -1100.0], "{:.1f}") == "-1100.0 (-1217.3 to -983.7)"  # no "--983.7"
 
 
+def test_a_run_read_as_it_is_written_equals_one_read_at_the_end(tmp_path):
+    # the tuner reads a run every few seconds while it trains: each read goes on where the last stopped, and
+    # must give what one read of the finished files gives, resumed parts included
+    run_dir = os.path.join(tmp_path, "Env-v0__algo__1__100")
+    reader = report.RunReader(run_dir)
+    assert reader() is None  # no events yet
+    writer = SummaryWriter(run_dir, filename_suffix=".part1")
+    seen = []
+    for i in range(30):
+        writer.add_scalar("charts/episodic_return", float(i), (i + 1) * 10)
+        writer.add_scalar("charts/SPS", 100 + i, (i + 1) * 10)
+        writer.flush()
+        if i % 7 == 3:
+            seen.append(reader())
+    writer.close()
+    resumed = SummaryWriter(run_dir, filename_suffix=".part2")  # a resumed part from step 200 replaces 200 on
+    for i in range(19, 40):
+        resumed.add_scalar("charts/episodic_return", -float(i), (i + 1) * 10)
+        resumed.flush()
+        if i % 7 == 3:
+            seen.append(reader())
+    resumed.close()
+    final, fresh = reader(), report.load_run(run_dir)
+    assert [len(run.steps) for run in seen] == [4, 11, 18, 25, 25, 32, 39]  # step 200 on replaced at 250
+    assert len(reader.files) == 2
+    for field in ("steps", "returns", "wall"):
+        assert (getattr(final, field) == getattr(fresh, field)).all(), field
+    assert (final.sps, final.duration) == (fresh.sps, fresh.duration)
+    assert list(final.returns[:19]) == [float(i) for i in range(19)] and final.returns[-1] == -39.0
+    assert len(final.steps) == 40
+
+
 def png_width(path: str) -> int:
     with open(path, "rb") as f:
         return int.from_bytes(f.read(24)[16:20], "big")  # the IHDR chunk's width
