@@ -191,6 +191,52 @@ def first_step_reaching(returns: list[tuple[int, float]], threshold: float, wind
     return None
 
 
+# The script run as its own `__main__`, with one change: its TensorBoard writer presses Ctrl-C as soon as the mean of the
+# last `window` episode returns it logged reaches `threshold` (each return taken as the event file keeps it, a float32).
+UNTIL_REACHED = r"""
+import os, runpy, signal, sys
+
+import numpy as np
+import torch.utils.tensorboard
+
+threshold, window, script, *flags = sys.argv[1:]
+threshold, window, returns, pressed = float(threshold), int(window), [], []
+
+
+class StopWhenReached(torch.utils.tensorboard.SummaryWriter):
+    def add_scalar(self, tag, scalar_value, *args, **kwargs):
+        super().add_scalar(tag, scalar_value, *args, **kwargs)
+        if tag == "charts/episodic_return":
+            returns.append(float(np.float32(scalar_value)))
+            if not pressed and len(returns) >= window and sum(returns[-window:]) / window >= threshold:
+                pressed.append(True)  # once: a second Ctrl-C would interrupt at once, wherever it lands
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+torch.utils.tensorboard.SummaryWriter = StopWhenReached
+sys.argv, sys.path[0] = [script, *flags], os.path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run_until_reached(script: str, *flags: str, cwd: str, threshold: float, window: int = 20) -> list[tuple[int, float]]:
+    """A learning run: `python <script> <flags>` in `cwd`, stopped with Ctrl-C once the mean of its last `window`
+    episode returns reaches `threshold` (the steps after it cannot change `first_step_reaching`). Returns its
+    episodic returns as (step, return); it must have ended at its budget (status 0) or at that Ctrl-C (status 130)."""
+    with tempfile.TemporaryDirectory() as folder:
+        wrapper = os.path.join(folder, "until_reached.py")
+        with open(wrapper, "w") as f:
+            f.write(UNTIL_REACHED)
+        result = run_script(wrapper, str(threshold), str(window), os.path.join(ROOT, script), *flags, cwd=cwd)
+    (run_dir,) = run_dirs(cwd)
+    returns = read_scalars(run_dir)["charts/episodic_return"]
+    # a Ctrl-C in the last iteration may come after its last step: the run ends at its budget
+    stopped = result.returncode == 130 and "interrupted during iteration" in result.stdout
+    reached = first_step_reaching(returns, threshold, window) is not None
+    assert result.returncode == 0 or (stopped and reached), result.stdout + result.stderr
+    return returns
+
+
 WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # --track without a network: the run goes to ./wandb
 # no display, as on a server: SDL (pygame) complains unless the scripts render off-screen, as they should
 NO_DISPLAY = {"XDG_RUNTIME_DIR": "", "DISPLAY": "", "WAYLAND_DISPLAY": ""}

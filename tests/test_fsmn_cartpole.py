@@ -26,6 +26,7 @@ from conftest import (
     read_scalars,
     run_dirs,
     run_script,
+    run_until_reached,
 )
 
 SCRIPT = "ppo_fsmn_cartpole.py"
@@ -657,9 +658,8 @@ def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_
 @pytest.mark.learning
 def test_default_settings_solve_cartpole_within_150k_steps(tmp_path):
     """Default flags, seed 1: the mean return of the last 20 episodes reaches 475 within 150k steps."""
-    result = run_script(SCRIPT, "--seed", "1", "--total-timesteps", "150000", "--no-progress", cwd=str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    returns = read_scalars(run_dirs(str(tmp_path))[0])["charts/episodic_return"]
+    flags = ["--seed", "1", "--total-timesteps", "150000", "--no-progress"]
+    returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=475.0)
     reached = first_step_reaching(returns, 475.0)
     assert reached is not None and reached <= 150_000, (
         f"best mean of 20: {max(np.convolve([r for _, r in returns], np.ones(20) / 20, 'valid'))}"
