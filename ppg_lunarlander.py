@@ -295,19 +295,19 @@ class Agent(nn.Module):
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
+        # the auxiliary loss needs value targets near unit scale
+        self.return_norm = RunningNorm(1)  # statistics of the discounted return, for reward scaling
         self.actor_trunk = mlp(obs_dim, (args.hidden_dim, args.hidden_dim))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.aux_critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.critic = nn.Sequential(
             mlp(obs_dim, (args.hidden_dim, args.hidden_dim)), layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         )
-        # for reward scaling: value targets near unit scale, as the auxiliary loss needs
-        self.return_norm = RunningNorm(1)
         self.register_buffer("phase_obs", torch.zeros(args.n_iteration, args.num_steps, args.num_envs, obs_dim))
         self.register_buffer("phase_returns", torch.zeros(args.n_iteration, args.num_steps, args.num_envs))
 
     def get_value(self, x):
-        return self.critic(x).squeeze(-1)
+        return self.critic(x).squeeze(-1)  # (B,)
 
     def get_action_and_value(self, x, action=None):
         logits, value = self.actor(self.actor_trunk(x)), self.get_value(x)
@@ -642,7 +642,7 @@ def main(args: Args) -> None:
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     batch = (obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
                     parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
                     loss, mb_stats = minibatch_loss(agent, args, *minibatch, **parts)
                     optimizer.zero_grad()

@@ -587,7 +587,8 @@ def main(args: Args) -> None:
                 if truncation.any():
                     # bootstrap a game cut at the frame limit from the value of its final observation
                     with torch.no_grad():
-                        final_value = agent.get_value(torch.as_tensor(infos["final_obs"], device=device))
+                        final_obs = torch.as_tensor(infos["final_obs"], device=device)
+                        final_value = agent.get_value(final_obs)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, device=device)
 
@@ -633,12 +634,12 @@ def main(args: Args) -> None:
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     batch = (obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
                     if args.cudagraphs:  # the five lines below, as one captured graph at the annealed rate
                         lr.fill_(optimizer.param_groups[0]["lr"])
                         stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
                         continue
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

@@ -637,8 +637,8 @@ def main(args: Args) -> None:
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
                     batch = (seen_obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)  # (minibatch_size, ...)
+                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

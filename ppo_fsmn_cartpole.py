@@ -741,8 +741,9 @@ def main(args: Args) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    minibatch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
-                    loss, mb_stats = loss_fn(agent, args, *(x[:, mb_envs] for x in minibatch))  # dim 1: envs
+                    batch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
+                    minibatch = [x[:, mb_envs] for x in batch]  # dim 1: envs
+                    loss, mb_stats = loss_fn(agent, args, *minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -1093,7 +1094,8 @@ def evaluate(
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         memory, start = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
-        done, total, action = False, 0.0, torch.zeros(1, dtype=torch.long, device=device)
+        action = torch.zeros(1, dtype=torch.long, device=device)  # a[t-1], unused at a start
+        done, total = False, 0.0
         while not done:
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
             # frozen statistics
