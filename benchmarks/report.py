@@ -13,6 +13,7 @@ of a resumed run counts its parts, not the pause between them. The plot has one 
 """
 
 import glob
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -81,8 +82,9 @@ class RunReader:
             return None
         env_id, exp_name, seed, _ = parts
         for path in glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*")):  # one per part of a resumed run
-            self.files.setdefault(path, FileReader(path))
-        scalars = [self.files[path]() for path in sorted(self.files)]
+            if path not in self.files:
+                self.files[path] = FileReader(path)
+        scalars = in_order([read() for read in self.files.values()])
         events = merge_parts([s.get("charts/episodic_return", []) for s in scalars])
         if not events:
             return None
@@ -134,8 +136,13 @@ def merge_parts(parts: list[list[tuple]]) -> list[tuple]:
 
 def wall_segments(run_dir: str) -> list[tuple[float, float]]:
     """(first, last) wall time of each event file of a run: one per part of a run that was resumed."""
-    scalars = [FileReader(path)() for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))]
+    scalars = in_order([FileReader(path)() for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))])
     return [(s["start"], s["end"]) for s in scalars if "start" in s]
+
+
+def in_order(parts: list[dict]) -> list[dict]:
+    """A run's parts in the order they ran, by their first wall time (names tie within a second); empty ones last."""
+    return sorted(parts, key=lambda s: s.get("start", math.inf))
 
 
 def active_seconds(wall_time: float, segments: list[tuple[float, float]]) -> float:

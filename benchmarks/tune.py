@@ -546,8 +546,14 @@ def follow(
             flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
             run_name = f"{flag('--env-id')}__{flag('--exp-name')}__{flag('--seed')}__*"
             readers = {}  # one per run folder: each poll reads only the events written since the last
-            found = lambda: sorted(glob.glob(os.path.join(folder, "runs", run_name)))[-1:]  # noqa: E731
-            read = lambda: next((readers.setdefault(path, RunReader(path))() for path in found()), None)  # noqa: E731
+
+            def read():
+                for path in sorted(glob.glob(os.path.join(folder, "runs", run_name)))[-1:]:
+                    if path not in readers:
+                        readers[path] = RunReader(path)
+                    return readers[path]()
+                return None
+
             while process.poll() is None:
                 time.sleep(poll)
                 yield read()

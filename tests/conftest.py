@@ -228,6 +228,7 @@ def run_until_reached(script: str, *flags: str, cwd: str, threshold: float, wind
         with open(wrapper, "w") as f:
             f.write(UNTIL_REACHED)
         result = run_script(wrapper, str(threshold), str(window), os.path.join(ROOT, script), *flags, cwd=cwd)
+    assert result.returncode in (0, 130), result.stdout + result.stderr
     (run_dir,) = run_dirs(cwd)
     returns = read_scalars(run_dir)["charts/episodic_return"]
     # a Ctrl-C in the last iteration may come after its last step: the run ends at its budget
