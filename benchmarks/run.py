@@ -39,6 +39,8 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        previous action and PPO settings.
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
+  ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
+                       defaults, with the study's best flags (PPG_TUNED below), and those with --e-auxiliary 0.
 On a GPU the Atari presets are the ones that gain; the FSMN and continuous networks are too small to.
 """
 
@@ -81,6 +83,11 @@ class Config:
 LUNAR_ZOO = ["--num-envs", "16", "--num-steps", "1024", "--batch-size", "64", "--epochs", "4"]
 LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01", "--eval-episodes", "20"]
 
+# the best trial of `benchmarks/tune.py --preset ppg-lunarlander` (seeds 101-102), to three significant figures
+PPG_TUNED = ["--learning-rate", "1.03e-3", "--gae-lambda", "0.953", "--clip-coef", "0.184", "--gamma", "0.995"]
+PPG_TUNED += ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "64", "--ent-coef", "1.01e-3"]
+PPG_TUNED += ["--n-iteration", "16", "--e-policy", "3", "--e-value", "4", "--e-auxiliary", "5", "--beta-clone", "0.536"]
+
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
 POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
 POPGYM += ["popgym-AutoencodeEasy-v0"]
@@ -116,6 +123,16 @@ PRESETS: dict[str, dict] = {
         report=dict(
             name="popgym", threshold=None, title="POPGym Easy: the FSMN, its ablation and an LSTM", window=100, mmer=True
         ),
+    ),
+    "ppg-heldout": dict(
+        configs=[
+            Config("ppg", ["ppg_lunarlander.py"]),
+            Config("ppg_tuned", ["ppg_lunarlander.py", *PPG_TUNED]),
+            Config("ppg_tuned_noaux", ["ppg_lunarlander.py", *PPG_TUNED, "--e-auxiliary", "0"]),
+        ],
+        extra=["--total-timesteps", "200000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name="ppg_heldout", threshold=200.0, title="PPG on LunarLander-v3: the defaults and the study's best"),
     ),
     "ppg-lunarlander": dict(
         configs=[
