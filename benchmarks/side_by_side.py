@@ -1,6 +1,6 @@
 """Throughput of each script alone and with a second run beside it on the same cores, alternating, in one command.
 
-    python benchmarks/side_by_side.py --repeats 2                      # every script; writes results/side_by_side.md
+    python benchmarks/side_by_side.py --repeats 2                      # every script; writes side_by_side.md
     python benchmarks/side_by_side.py --scripts fsmn --against 2438982 # also the scripts as they were at a commit
 
 Each repeat runs, one configuration after the other: every script alone, beside a second copy of itself, and beside

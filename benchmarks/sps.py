@@ -12,7 +12,7 @@ Each repeat runs the peer, then the script, as separate processes one after the 
 would share the cores). A run's steps per second is measured from its TensorBoard `charts/SPS` events, over the
 iterations after a burn-in (the first `--burn-in` fraction of the steps: imports, allocation, first calls),
 as (steps at the last event - steps at the first event after burn-in) / (wall time between them). Prints and
-writes benchmarks/results/sps_<pair>.md: each run's figure, the median ratio script/peer with min and max
+writes sps_<pair>.md: each run's figure, the median ratio script/peer with min and max
 (ratios of the runs paired by repeat), and the peak resident memory of each process. A pair with `variants` runs
 the script once per variant (its extra flags) in each repeat, and reports each variant's ratio to the peer and to
 the first variant. `--against REF` also runs every variant of the script as it was at git commit REF (extracted with
@@ -85,7 +85,7 @@ PAIRS = {
         },
         peer=["benchmarks/peers.py", "sb3-ppo", "--env-id", "HalfCheetah-v5", "--num-envs", "8", "--num-steps", "256"]
         + ["--batch-size", "256", "--epochs", "10", "--normalize"],
-        total_timesteps=81_920,  # compiled runs: a window of about 15 s after the burn-in, not 3
+        total_timesteps=81_920,  # compiled runs are fast: more steps keep the measured window after the burn-in long
         description="ppo_continuous.py (64x64 tanh actor and critic) vs SB3 PPO MlpPolicy (the same) with VecNormalize, "
         "HalfCheetah-v5, 8 envs x 256 steps, 10 epochs, minibatch 256",
     ),
