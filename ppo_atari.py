@@ -134,7 +134,7 @@ class Args:
     bf16: bool = False
     """bfloat16 autocast (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
-    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
     cudagraphs: bool = False
     """replay the rollout step and the minibatch update as captured CUDA graphs (CUDA only; combines with --compile)"""
     env_threads: int = 0

@@ -154,7 +154,7 @@ class Args:
     obs_clip: float = 10.0
     """clip normalised observations to [-obs_clip, obs_clip]"""
     compile: bool = False
-    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
     threads: int = 0
     """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 

@@ -151,7 +151,7 @@ class Args:
     norm_obs: bool = True
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
     compile: bool = False
-    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
     threads: int = 1
     """CPU threads of torch (0: the cores that other processes leave free, re-checked every iteration)"""
 

@@ -143,7 +143,7 @@ class Args:
     bf16: bool = False
     """bfloat16 autocast (weights stay float32): fast on GPUs and CPUs with avx512_bf16/AMX, slow elsewhere"""
     compile: bool = False
-    """compile the network with torch.compile (opt-in: compilation takes a minute)"""
+    """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
     env_threads: int = 0
     """threads of the emulator's vector env (0: one per CPU core, at most num_envs)"""
     threads: int = 0
