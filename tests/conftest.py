@@ -41,17 +41,20 @@ def import_script(name: str):
 
 
 # Starting Python and importing torch takes seconds, and the suite runs scripts hundreds of times: `run_script`
-# forks each run from one process that has imported gymnasium, numpy, torch, tyro and TensorBoard's writer (none
-# of which reads the variables a test sets). A forked run is the script's own `__main__`, in its own process, with
-# its own folder, environment and output; what a fresh interpreter would have warned on import is replayed on its
-# stderr. RUN_SCRIPTS_FRESH=1 starts a fresh interpreter for every run instead; so does an environment that sets a
-# variable those imports read.
+# forks each run from one process that has imported gymnasium, numpy, torch, tyro and TensorBoard's writer, and two
+# modules that a run would otherwise load in its first seconds: torch._dynamo (torch.optim's constructors import it)
+# and gymnasium's save_video (moviepy). None of them reads the variables a test sets or starts a thread. A forked run
+# is the script's own `__main__`, in its own process, with its own folder, environment and output; what a fresh
+# interpreter would have warned on import is replayed on its stderr. RUN_SCRIPTS_FRESH=1 starts a fresh interpreter
+# for every run instead; so does an environment that sets a variable those imports read.
 FORK_SERVER = r"""
 import atexit, json, os, runpy, signal, sys, threading, warnings
 
 with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
     import gymnasium, numpy, torch, tyro
     from torch.utils.tensorboard import SummaryWriter
+    import torch._dynamo
+    from gymnasium.utils import save_video
 
 
 def run(request):
