@@ -335,8 +335,11 @@ def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):
 @pytest.mark.smoke
 @pytest.mark.parametrize("extra", [[], ["--bf16", "--lookback", "0", "--n-layers", "1"]])
 def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
+    """A tiny run: every tag, a checkpoint; then a resume to more steps in the same run, and an evaluation of one game,
+    on Breakout, whose games end in a few hundred steps (Pong's take a thousand)."""
     cwd = str(tmp_path)
-    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
+    flags = [*TINY, "--env-id", "BreakoutNoFrameskip-v4", *extra]
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
     assert ITERATION_TAGS <= set(read_scalars(run_dir))
@@ -345,7 +348,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     assert checkpoint["script"] == "ppo_transformer_pong" and checkpoint["global_step"] == 96
     assert checkpoint["args"]["lookback"] == (0 if extra else 16)
 
-    result = run_script(SCRIPT, *TINY, *extra, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert run_dirs(cwd) == [run_dir]
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
