@@ -368,44 +368,44 @@ def test_preset_configs_filter(monkeypatch):
 
 
 @pytest.mark.smoke
-def test_sps_pair_against_an_earlier_commit(tmp_path):
+def test_sps_pair_against_an_earlier_commit_on_a_busy_machine(tmp_path):
     """sps.py runs the peer, the script and the script as it was at a git commit, alternating, and writes the table
-    with each ratio under the working folder; an unknown commit or variant is one line."""
+    with each ratio under the working folder; with a process spinning beside it (a core's worth, whatever else runs),
+    it says in its output and its table that the machine was busy; an unknown commit or variant is one line."""
+    import sps
+
     flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "1024", "--variants", "eager"]
-    with repository_unchanged():
-        result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", cwd=str(tmp_path))
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        load = sps.OtherLoad()
+        time.sleep(1.0)
+        assert load.cores() >= 0.5  # the spinner, not this process's sleep
+        with repository_unchanged():
+            result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", cwd=str(tmp_path))
+    finally:
+        spinner.kill()
+        spinner.wait()
     assert result.returncode == 0, result.stdout + result.stderr
     text = (tmp_path / "benchmark_runs" / "sps" / "sps_fsmn_cartpole_against_HEAD.md").read_text()
     assert "| repeat | eager steps/s | HEAD eager steps/s | peer steps/s |" in text
     assert "Median ratio eager/HEAD eager: **" in text and "Median ratio eager/peer: **" in text
     assert "--variants eager --against HEAD`." in text
     assert "Other processes kept up to" in text
+    assert "(the machine was busy)" in result.stdout and "**Warning: the machine was busy" in result.stdout
+    assert "**Warning: the machine was busy" in text
     bad = run_script("benchmarks/sps.py", *flags[:4], "--against", "no-such-commit", cwd=str(tmp_path))
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: --against=no-such-commit")
     bad = run_script("benchmarks/sps.py", *flags[:4], "--variants", "nope", cwd=str(tmp_path))
     assert bad.returncode != 0 and "error: --variants=nope not in pair fsmn-cartpole: eager, --compile" in bad.stderr
 
 
-@pytest.mark.smoke
-def test_sps_says_when_the_machine_was_busy(tmp_path):
-    """With a process spinning beside it (a core's worth, whatever else runs), sps.py says in its output and its
-    table that the machine was busy."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+def test_sps_writes_its_table_under_out_dir(tmp_path, monkeypatch):
+    """--out-dir: the table goes there (the runs themselves are smoke-run above; here each is a made-up figure)."""
     import sps
 
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        load = sps.OtherLoad()
-        time.sleep(1.0)
-        assert load.cores() >= 0.5  # the spinner, not this process's sleep
-        flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "1024", "--variants", "eager"]
-        result = run_script("benchmarks/sps.py", *flags, "--out-dir", str(tmp_path), cwd=str(tmp_path))
-    finally:
-        spinner.kill()
-        spinner.wait()
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "(the machine was busy)" in result.stdout and "**Warning: the machine was busy" in result.stdout
-    assert "**Warning: the machine was busy" in (tmp_path / "sps_fsmn_cartpole.md").read_text()
+    monkeypatch.setattr(sps, "run", lambda command, total_timesteps, burn_in: (1000.0, 100.0, 0.0, 0.0))
+    sps.main(sps.Args(repeats=1, variants=["eager"], out_dir=str(tmp_path / "elsewhere")))
+    assert "| 1 | 1000 | 1000 |" in (tmp_path / "elsewhere" / "sps_fsmn_cartpole.md").read_text()
 
 
 def test_peers_take_the_free_cores_as_the_scripts_do(monkeypatch):
