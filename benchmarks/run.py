@@ -412,23 +412,33 @@ def ray_init(address: str | None, num_cpus: int) -> None:
     import ray
 
     excludes = [".git", ".whl", "runs", "benchmarks/runs", "benchmark_runs", "wandb", "videos", "__pycache__"]
-    ray.init(
-        address=address,
-        num_cpus=None if address else num_cpus,
-        log_to_driver=False,
-        runtime_env={"working_dir": ROOT, "excludes": excludes},
-    )
+    for attempt in range(3):
+        try:
+            ray.init(
+                address=address,
+                num_cpus=None if address else num_cpus,
+                log_to_driver=False,
+                runtime_env={"working_dir": ROOT, "excludes": excludes},
+            )
+            return
+        except Exception as e:  # ray.init raises plain Exceptions, ConnectionErrors and RuntimeErrors
+            ray.shutdown()
+            # a local raylet gives its dashboard agent a fixed 15 s to start, which a busy machine can exceed
+            if address is None and "timed out during startup" in str(e) and attempt < 2:
+                continue
+            where = f"--address={address}" if address else "--backend ray (a local Ray instance)"
+            raise SystemExit(f"error: {where}: Ray did not start: {str(e).strip().splitlines()[0]}") from None
 
 
 def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
-    """Yield (key, exit code) for every job as its Ray task finishes, its files unpacked into <out> and its output
-    appended to its log. A task's files come back when it ends: a run on another node is not visible before."""
+    """Yield (key, exit code) for every job as its Ray task (on the instance of `ray_init`) finishes, its files
+    unpacked into <out> and its output appended to its log. A task's files come back when it ends: a run on another
+    node is not visible before."""
     import io
     import tarfile
 
     import ray
 
-    ray_init(args.address, args.workers)
     task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run)(execute)
     pending = {}
     for key, argv in jobs.items():
@@ -476,6 +486,8 @@ def local_results(args: Args, jobs: dict[str, list[str]], out: str):
 
 def main(args: Args) -> None:
     runs, extra, report = plan(args)
+    if args.backend == "ray":  # before any folder is made: a cluster that cannot be reached leaves nothing behind
+        ray_init(args.address, args.workers)
     out = os.path.abspath(args.out or os.path.join("benchmark_runs", args.preset or "custom"))
     for sub in ("logs", "done", "runs"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)

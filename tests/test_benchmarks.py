@@ -338,6 +338,38 @@ def test_runner_on_a_local_ray_instance(tmp_path):
     assert "=== exit 0" in (tmp_path / "logs" / "ppo_fsmn_cartpole__default__2.log").read_text()
 
 
+def test_ray_start_up_failures_are_one_line(monkeypatch):
+    """A local Ray instance whose node times out during start-up (its raylet waits a fixed 15 s for the dashboard
+    agent, which a busy machine can take longer to start) is started again, up to three tries; any other failure,
+    and every failure to reach a cluster at --address, is one line naming the flag, with no retry."""
+    import ray
+    import run
+
+    calls = []
+
+    def failing(message):
+        def init(**kwargs):
+            calls.append(kwargs["address"])
+            raise Exception(message + "\nmore lines of Ray's own")
+
+        return init
+
+    monkeypatch.setattr(ray, "init", failing("The current node timed out during startup. This could happen ..."))
+    with pytest.raises(SystemExit) as error:
+        run.ray_init(None, 2)
+    assert calls == [None] * 3
+    assert str(error.value) == (
+        "error: --backend ray (a local Ray instance): Ray did not start: The current node timed out during startup. "
+        "This could happen ..."
+    )
+    calls.clear()
+    monkeypatch.setattr(ray, "init", failing("Could not connect to head:6379"))
+    with pytest.raises(SystemExit) as error:
+        run.ray_init("head:6379", 2)
+    assert calls == ["head:6379"]
+    assert str(error.value) == "error: --address=head:6379: Ray did not start: Could not connect to head:6379"
+
+
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
     """The popgym preset's five configs on one task, tiny: the FSMN at two memory lengths and with its decayed sum, its
