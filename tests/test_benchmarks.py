@@ -340,8 +340,8 @@ def test_runner_on_a_local_ray_instance(tmp_path):
 
 def test_ray_start_up_failures_are_one_line(monkeypatch):
     """A local Ray instance whose node times out during start-up (its raylet waits a fixed 15 s for the dashboard
-    agent, which a busy machine can take longer to start) is started again, up to three tries; any other failure,
-    and every failure to reach a cluster at --address, is one line naming the flag, with no retry."""
+    agent, which a busy machine can take longer to start) is started again, up to three tries, then one line; a
+    failure to reach a cluster at --address is one line naming the flag, with no retry."""
     import ray
     import run
 
