@@ -314,6 +314,8 @@ class Agent(nn.Module):
         logits, value = self(x)
         probs = Categorical(logits=logits, validate_args=False)  # no check: CUDA graphs hold no host sync
         if action is None:
+            # torch.distributions' sampler: the Gumbel-max one of the FSMN and PPG scripts is no faster here
+            # (benchmarks/results/sps_atari_pong_against_65b7b5a.md: that script sampled by Gumbel-max)
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), value
 

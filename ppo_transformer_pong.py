@@ -401,6 +401,8 @@ class Agent(nn.Module):
         hidden, memory = self.get_states(x, memory, episode_starts)
         probs = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
+            # torch.distributions' sampler: the Gumbel-max one of the FSMN and PPG scripts is no faster here
+            # (benchmarks/results/sps_transformer_pong_against_65b7b5a.md: that script sampled by Gumbel-max)
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), memory
 
