@@ -124,6 +124,24 @@ def test_report_mmer_is_the_best_moving_mean(tmp_path):
     assert "| final return | MMER | steps |" in open(md).read() and "--window 3 --mmer" in open(md).read()
 
 
+def test_report_mmer_by_step_reads_only_the_first_steps(tmp_path):
+    """--mmer-by-step N: the MMER over each run's first N steps (episodes ending at step N or before), beside the MMER
+    of the whole run; refused in one line without --mmer or below 1, writing nothing."""
+    write_run(str(tmp_path / "runs"), "Env-v0__algo__1__1", [0.0, 0.0, 3.0, 3.0, 3.0, 0.0])  # episodes end at 100, 200, ...
+    write_run(str(tmp_path / "runs"), "Env-v0__algo__2__1", [1.0, 2.0, 0.0, 0.0, 0.0, 0.0])
+    summary = report.summarize(report.find_runs(str(tmp_path / "runs")), threshold=None, window=2, by_step=300)
+    assert summary["mmer"] == [3.0, 1.5] and summary["mmer_by_step"] == [1.5, 1.5]  # by step 300: 0, 0, 3 and 1, 2, 0
+    assert report.summarize(report.find_runs(str(tmp_path / "runs")), None, 2, by_step=50)["mmer_by_step"] == [None, None]
+    args = report.Args(runs_dir=str(tmp_path / "runs"), name="m", window=2, mmer=True, mmer_by_step=300)
+    text = open(report.write_report(args)[0]).read()
+    assert "| final return | MMER | MMER by step 300 | steps |" in text and "--mmer --mmer-by-step 300`" in text
+    assert "| Env-v0__algo | 2 | 0.750 (0.000 to 1.500) | 2.250 (1.500 to 3.000) | 1.500 (1.500 to 1.500) |" in text
+    for bad in (dict(mmer_by_step=300), dict(mmer=True, mmer_by_step=0)):
+        with pytest.raises(SystemExit, match=r"^error: --mmer-by-step=(300|0): a number of steps \(>= 1\), and only"):
+            report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), name="bad", out_dir=str(tmp_path / "o"), **bad))
+    assert not (tmp_path / "o").exists()
+
+
 def test_report_counts_each_run_once(tmp_path, capsys):
     """A tracked run leaves W&B's copies of its event files under wandb/ (and a latest-run link to them): the report
     counts the run once. Of two runs of one config and seed, the later one is kept, with a note."""
@@ -372,15 +390,15 @@ def test_ray_start_up_failures_are_one_line(monkeypatch):
 
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
-    """The popgym preset's five configs on one task, tiny: the FSMN at two memory lengths and with its decayed sum, its
-    ablation and the LSTM on the same flattened observation, and a report with POPGym's MMER. One rollout of each
+    """The popgym preset's four configs on one task, tiny: the FSMN at two memory lengths, its ablation and the LSTM on
+    the same flattened observation, and a report with POPGym's MMER. One rollout of each
     (8 envs x 64 steps) holds an episode of every env: the task's episodes are 51 steps long."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
     result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 512", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in (tmp_path / "popgym.md").read_text().splitlines() if line.startswith("| popgym-")]
     names = [row.split("|")[1].strip() for row in rows]
-    configs = ("fsmn", "fsmn_m32", "fsmn_decay", "fsmn_m0", "sb3_recurrent_ppo")
+    configs = ("fsmn", "fsmn_m32", "fsmn_m0", "sb3_recurrent_ppo")
     assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in configs]
     assert "| final return | MMER |" in (tmp_path / "popgym.md").read_text()
 
