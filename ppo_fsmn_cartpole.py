@@ -143,7 +143,7 @@ class Args:
     memory_order: int = 4
     """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
-    """look-back stride S of the memory taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S steps"""
+    """look-back stride S of the taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S; the blocks reach blocks x N x S steps"""
     memory_decay: bool = False
     """also an episode-long memory in every block: its hidden states summed with learned per-channel decays"""
     prev_action: bool = True
