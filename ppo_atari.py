@@ -315,7 +315,7 @@ class Agent(nn.Module):
         probs = Categorical(logits=logits, validate_args=False)  # no check: CUDA graphs hold no host sync
         if action is None:
             # torch.distributions' sampler: the Gumbel-max one of the FSMN and PPG scripts is no faster here
-            # (benchmarks/results/sps_atari_pong_against_65b7b5a.md: that script sampled by Gumbel-max)
+            # (benchmarks/results/sps_atari_pong_against_65b7b5a.md, sps_transformer_pong_against_65b7b5a.md)
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), value
 

@@ -402,7 +402,7 @@ class Agent(nn.Module):
         probs = Categorical(logits=self.actor(hidden), validate_args=False)
         if action is None:
             # torch.distributions' sampler: the Gumbel-max one of the FSMN and PPG scripts is no faster here
-            # (benchmarks/results/sps_transformer_pong_against_65b7b5a.md: that script sampled by Gumbel-max)
+            # (benchmarks/results/sps_atari_pong_against_65b7b5a.md, sps_transformer_pong_against_65b7b5a.md)
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), memory
 
