@@ -8,8 +8,9 @@ episode returns reaches it and the wall time to get there; the final return (mea
 --mmer POPGym's MMER (the maximum of that mean over training; with --mmer-by-step N, also over the first N steps),
 steps per second and wall time; each as the median with min and max. A run counts once: W&B's copies of its event
 files (under wandb/) are left out, and of two runs of one config and seed only the later is kept (it says so). The
-wall time of a resumed run counts its parts, not the pause between them. The plot has one panel per env. Writes <name>.md and
-<name>.png beside the runs (--out-dir elsewhere; --results into benchmarks/results/, the project's tracked results).
+wall time of a resumed run counts its parts, not the pause between them. The plot has one panel per env. Writes
+<name>.md and <name>.png beside the runs (--out-dir elsewhere; --results into benchmarks/results/, the project's
+tracked results).
 """
 
 import glob

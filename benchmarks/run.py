@@ -421,7 +421,7 @@ def ray_init(address: str | None, num_cpus: int) -> None:
             return
         except Exception as e:  # ray.init raises plain Exceptions, ConnectionErrors and RuntimeErrors
             ray.shutdown()
-            # a local raylet gives its dashboard agent a fixed 15 s to start, which a busy machine can exceed
+            # a local raylet gives its dashboard agent a fixed time to start, which a busy machine can exceed
             if address is None and "timed out during startup" in str(e) and attempt < 2:
                 continue
             where = f"--address={address}" if address else "--backend ray (a local Ray instance)"

@@ -357,7 +357,7 @@ def test_runner_on_a_local_ray_instance(tmp_path):
 
 
 def test_ray_start_up_failures_are_one_line(monkeypatch):
-    """A local Ray instance whose node times out during start-up (its raylet waits a fixed 15 s for the dashboard
+    """A local Ray instance whose node times out during start-up (its raylet waits a fixed time for the dashboard
     agent, which a busy machine can take longer to start) is started again, up to three tries, then one line; a
     failure to reach a cluster at --address is one line naming the flag, with no retry."""
     import ray
@@ -391,8 +391,8 @@ def test_ray_start_up_failures_are_one_line(monkeypatch):
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
     """The popgym preset's four configs on one task, tiny: the FSMN at two memory lengths, its ablation and the LSTM on
-    the same flattened observation, and a report with POPGym's MMER. One rollout of each
-    (8 envs x 64 steps) holds an episode of every env: the task's episodes are 51 steps long."""
+    the same flattened observation, and a report with POPGym's MMER. One rollout of each (8 envs x 64 steps) holds an
+    episode of every env: the task's episodes are 51 steps long."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
     result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 512", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
