@@ -243,10 +243,3 @@ def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
-
-
-@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
-def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
-    path = tmp_path / "other.pt"
-    torch.save({"script": "ppo_fsmn_cartpole", "model": {}}, path)
-    assert_one_line_error(run_script(SCRIPT, flag, str(path), cwd=str(tmp_path)), flag, "ppo_fsmn_cartpole")

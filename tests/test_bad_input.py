@@ -114,6 +114,17 @@ def test_a_folder_where_runs_cannot_be_created_is_one_line(tmp_path, monkeypatch
     assert os.listdir(tmp_path) == ["runs"]
 
 
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_checkpoint_of_another_script_is_one_line_and_writes_nothing(tmp_path, name, flag):
+    other = SCRIPTS[(SCRIPTS.index(name) + 1) % len(SCRIPTS)]
+    path = str(tmp_path / "other.pt")
+    torch.save({"script": other, "args": {}, "model": {}}, path)
+    result = run_script(f"{name}.py", flag, path, cwd=str(tmp_path))
+    assert_one_line_error(result, f"{flag}={path}", other, f"{name}.py")
+    assert sorted(os.listdir(tmp_path)) == ["other.pt"]
+
+
 CTRL_C_ON_TORCH = """
 import os, runpy, signal, sys
 

@@ -558,14 +558,6 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
 
 
-@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
-def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
-    path = os.path.join(tmp_path, "other.pt")
-    torch.save({"script": "ppo_fsmn_cartpole", "model": {}}, path)
-    result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
-    assert_one_line_error(result, f"{flag}={path}", "ppo_fsmn_cartpole", "ppo_continuous.py")
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
     args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)

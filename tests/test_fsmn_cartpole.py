@@ -529,14 +529,6 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert os.listdir(tmp_path) == []  # refused before anything is written: no runs/, no videos/
 
 
-@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
-def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
-    path = os.path.join(tmp_path, "other.pt")
-    torch.save({"script": "ppo_atari", "model": {}}, path)
-    result = run_script(SCRIPT, flag, path, cwd=str(tmp_path))
-    assert_one_line_error(result, f"{flag}={path}", "ppo_atari", "ppo_fsmn_cartpole.py")
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # POPGym tasks: one-hot observations, grid actions, episodes that end inside the env, the CLI
 

@@ -222,12 +222,6 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert not os.path.exists(tmp_path / "runs")
 
 
-def test_checkpoint_of_another_script_is_refused(tmp_path):
-    torch.save({"script": "ppo_fsmn_cartpole", "args": {}}, tmp_path / "other.pt")
-    result = run_script(SCRIPT, "--eval-checkpoint", str(tmp_path / "other.pt"), cwd=str(tmp_path))
-    assert_one_line_error(result, "--eval-checkpoint=", "ppo_fsmn_cartpole", SCRIPT)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Learning
 

@@ -385,13 +385,6 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
     assert_one_line_error(run_script(SCRIPT, *flags, cwd=str(tmp_path)), *fragments)
 
 
-@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
-def test_checkpoint_of_another_script_is_refused(tmp_path, flag):
-    path = tmp_path / "other.pt"
-    torch.save({"script": "ppo_atari", "model": {}}, path)
-    assert_one_line_error(run_script(SCRIPT, flag, str(path), cwd=str(tmp_path)), flag, "ppo_atari")
-
-
 def test_a_checkpoint_that_names_the_convolutions_encoder_loads():
     torch.manual_seed(0)
     saved = p.Agent(6, p.Args(lookback=2, n_layers=1, n_heads=2, d_model=16)).state_dict()
