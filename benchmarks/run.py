@@ -40,6 +40,8 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
                        defaults, with the study's best flags (PPG_TUNED below), and those with --e-auxiliary 0.
+  ppg-heldout-steps    the same seeds and steps: ppg_lunarlander.py at its defaults, with the best flags of the study
+                       of steps to 200 (PPG_STEPS below, tuned on seeds 103-105), and those with --e-auxiliary 0.
 On a GPU the Atari presets are the ones that gain; the FSMN and continuous networks are too small to.
 """
 
@@ -86,6 +88,10 @@ LUNAR_ZOO += ["--gamma", "0.999", "--gae-lambda", "0.98", "--ent-coef", "0.01", 
 PPG_TUNED = ["--learning-rate", "1.03e-3", "--gae-lambda", "0.953", "--clip-coef", "0.184", "--gamma", "0.995"]
 PPG_TUNED += ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "64", "--ent-coef", "1.01e-3"]
 PPG_TUNED += ["--n-iteration", "16", "--e-policy", "3", "--e-value", "4", "--e-auxiliary", "5", "--beta-clone", "0.536"]
+# the best trial of `benchmarks/tune.py --preset ppg-lunarlander-steps` (seeds 103-105), to three significant figures
+PPG_STEPS = ["--learning-rate", "1.22e-3", "--gae-lambda", "0.945", "--clip-coef", "0.219", "--gamma", "0.995"]
+PPG_STEPS += ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "64", "--ent-coef", "3.23e-3"]
+PPG_STEPS += ["--n-iteration", "16", "--e-policy", "4", "--e-value", "4", "--e-auxiliary", "4", "--beta-clone", "0.653"]
 
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
 POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
@@ -131,6 +137,18 @@ PRESETS: dict[str, dict] = {
         extra=["--total-timesteps", "200000"],
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="ppg_heldout", threshold=200.0, title="PPG on LunarLander-v3: the defaults and the study's best"),
+    ),
+    "ppg-heldout-steps": dict(
+        configs=[
+            Config("ppg", ["ppg_lunarlander.py"]),
+            Config("ppg_steps", ["ppg_lunarlander.py", *PPG_STEPS]),
+            Config("ppg_steps_noaux", ["ppg_lunarlander.py", *PPG_STEPS, "--e-auxiliary", "0"]),
+        ],
+        extra=["--total-timesteps", "200000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(
+            name="ppg_heldout_steps", threshold=200.0, title="PPG on LunarLander-v3: the defaults and the steps study's best"
+        ),
     ),
     "ppg-lunarlander": dict(
         configs=[
