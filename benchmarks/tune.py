@@ -791,7 +791,7 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         facts += [f"scores {env['scores'][0]:g} to {env['scores'][1]:g}"] if env["scores"] else []
         facts += [f"threshold {env['threshold']:g}"] if env["threshold"] is not None else []
         envs.append(f"{env_id} ({', '.join(facts)})")
-    scored = any(env["scores"] for env in space["envs"].values())
+    scored = any(env["scores"] for env in space["envs"].values()) and space["objective"] != "steps_to"
     normalised = "normalised per env by its scores, " if scored else ""
     lines = [
         f"# Tuning {space['script']}: study {name}",
@@ -822,7 +822,7 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         for env_id in space["envs"]:  # over seeds, as report.py gives them; short of the threshold: never
             keys = [f"raw {env_id} {seed}" for seed in space["seeds"]]
             raw = [t.user_attrs[key] for key in keys if key in t.user_attrs]
-            cells.append(spread(raw, "{:.4g}") if raw else "")
+            cells.append(spread(raw, "{:,.0f}" if space["objective"] == "steps_to" else "{:.4g}") if raw else "")
         wall = t.datetime_complete - t.datetime_start if t.datetime_start and t.datetime_complete else None
         cells.append(f"{wall.total_seconds():.0f}" if wall else "")
         lines.append("| " + " | ".join(cells) + " |")

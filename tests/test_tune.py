@@ -114,6 +114,25 @@ def test_report_lists_every_trial_and_the_best_command(tmp_path):
     assert sorted(os.path.basename(path) for path in paths) == written
 
 
+def test_report_of_steps_to_gives_steps_and_never(tmp_path):
+    """With objective steps_to a trial's cell is its seeds' steps to the threshold, 'never' for a seed short of it,
+    and the objective is not said to be normalised by the env's scores (it is a fraction of the budget)."""
+    space = {**TINY, "seeds": [1, 2, 3], "objective": "steps_to"}
+    space = tune.check_space({**space, "envs": {"CartPole-v1": {"scores": [0, 500], "threshold": 475}}}, "s")
+    study = optuna.create_study(direction="minimize")
+    trial = optuna.trial.create_trial(
+        params={"learning-rate": 0.01},
+        distributions={"learning-rate": optuna.distributions.CategoricalDistribution([0.01, 0.0])},
+        value=(1024 / 2048 + 2 + 1536 / 2048) / 3,
+        user_attrs={"raw CartPole-v1 1": 1024, "raw CartPole-v1 2": None, "raw CartPole-v1 3": 1536},
+    )
+    study.add_trial(trial)
+    tune.write_report(study, space, tune.Args(), "tiny", str(tmp_path))
+    text = (tmp_path / "tune_tiny.md").read_text()
+    assert "| 0 | complete | 1.083 | 0.01 | 1,536 (1,024 to never), 1 of 3 never |" in text
+    assert "minimised, averaged over the trial's runs" in text and "normalised" not in text
+
+
 @pytest.mark.parametrize("preset", tune.PRESETS)
 def test_presets_give_flags_their_script_accepts(preset):
     """Every preset is a valid search space, and its script accepts every corner of it: each flag at its low
