@@ -93,6 +93,22 @@ PPG_STEPS = ["--learning-rate", "1.22e-3", "--gae-lambda", "0.945", "--clip-coef
 PPG_STEPS += ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "64", "--ent-coef", "3.23e-3"]
 PPG_STEPS += ["--n-iteration", "16", "--e-policy", "4", "--e-value", "4", "--e-auxiliary", "4", "--beta-clone", "0.653"]
 
+
+def ppg_heldout(tag: str, flags: list[str], name: str, best: str) -> dict:
+    """PPG on LunarLander-v3, seeds 1-5, 200k steps: the defaults, a study's best flags, and those without the
+    auxiliary phase."""
+    return dict(
+        configs=[
+            Config("ppg", ["ppg_lunarlander.py"]),
+            Config(f"ppg_{tag}", ["ppg_lunarlander.py", *flags]),
+            Config(f"ppg_{tag}_noaux", ["ppg_lunarlander.py", *flags, "--e-auxiliary", "0"]),
+        ],
+        extra=["--total-timesteps", "200000"],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name=name, threshold=200.0, title=f"PPG on LunarLander-v3: the defaults and {best}"),
+    )
+
+
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
 POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
 POPGYM += ["popgym-AutoencodeEasy-v0"]
@@ -128,28 +144,8 @@ PRESETS: dict[str, dict] = {
             name="popgym", threshold=None, title="POPGym Easy: the FSMN, its ablation and an LSTM", window=100, mmer=True
         ),
     ),
-    "ppg-heldout": dict(
-        configs=[
-            Config("ppg", ["ppg_lunarlander.py"]),
-            Config("ppg_tuned", ["ppg_lunarlander.py", *PPG_TUNED]),
-            Config("ppg_tuned_noaux", ["ppg_lunarlander.py", *PPG_TUNED, "--e-auxiliary", "0"]),
-        ],
-        extra=["--total-timesteps", "200000"],
-        seeds=[1, 2, 3, 4, 5],
-        report=dict(name="ppg_heldout", threshold=200.0, title="PPG on LunarLander-v3: the defaults and the study's best"),
-    ),
-    "ppg-heldout-steps": dict(
-        configs=[
-            Config("ppg", ["ppg_lunarlander.py"]),
-            Config("ppg_steps", ["ppg_lunarlander.py", *PPG_STEPS]),
-            Config("ppg_steps_noaux", ["ppg_lunarlander.py", *PPG_STEPS, "--e-auxiliary", "0"]),
-        ],
-        extra=["--total-timesteps", "200000"],
-        seeds=[1, 2, 3, 4, 5],
-        report=dict(
-            name="ppg_heldout_steps", threshold=200.0, title="PPG on LunarLander-v3: the defaults and the steps study's best"
-        ),
-    ),
+    "ppg-heldout": ppg_heldout("tuned", PPG_TUNED, "ppg_heldout", "the study's best"),
+    "ppg-heldout-steps": ppg_heldout("steps", PPG_STEPS, "ppg_heldout_steps", "the steps study's best"),
     "ppg-lunarlander": dict(
         configs=[
             Config("ppg", ["ppg_lunarlander.py", "--save-model"]),

@@ -815,6 +815,7 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
     header = ["trial", "state", "value", *params, *per_env, "wall s"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     show = lambda value: f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
+    raw_format = "{:,.0f}" if space["objective"] == "steps_to" else "{:.4g}"  # steps to the threshold, or returns
     for t in trials:
         pruned = t.state == states.PRUNED
         state = t.state.name.lower() + (f" at {max(t.intermediate_values)}%" if pruned else "")
@@ -822,7 +823,7 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         for env_id in space["envs"]:  # over seeds, as report.py gives them; short of the threshold: never
             keys = [f"raw {env_id} {seed}" for seed in space["seeds"]]
             raw = [t.user_attrs[key] for key in keys if key in t.user_attrs]
-            cells.append(spread(raw, "{:,.0f}" if space["objective"] == "steps_to" else "{:.4g}") if raw else "")
+            cells.append(spread(raw, raw_format) if raw else "")
         wall = t.datetime_complete - t.datetime_start if t.datetime_start and t.datetime_complete else None
         cells.append(f"{wall.total_seconds():.0f}" if wall else "")
         lines.append("| " + " | ".join(cells) + " |")
