@@ -208,7 +208,8 @@ class Args:
     """with --backend ray, GPUs reserved for each run"""
     enqueue: tuple[str, ...] = ()
     """settings to try first, each "defaults" (the script's own) or some of the space's flags with values, e.g.
-    "gamma=0.99 learning-rate=3e-4" (flags left out are sampled); a setting the study has tried is skipped"""
+    "gamma=0.99 learning-rate=3e-4" (flags left out take the script's defaults, as on its command line, or are
+    sampled where the default is not in the space); a setting the study has tried is skipped"""
     results: bool = False
     """also write the report into benchmarks/results/ (overwrites tune_<study>.md and its PNGs there)"""
 
@@ -414,10 +415,11 @@ def script_defaults(path: str) -> dict[str, Any]:
 
 
 def enqueued(setting: str, space: dict) -> dict[str, Any]:
-    """The params of one --enqueue setting, each checked against the space: bad input is one line."""
+    """The params of one --enqueue setting, each checked against the space: bad input is one line. The space's flags
+    it leaves out take the script's defaults where those lie in the space."""
     params = space["params"]
+    defaults = script_defaults(os.path.join(ROOT, space["script"]))
     if setting == "defaults":
-        defaults = script_defaults(os.path.join(ROOT, space["script"]))
         argv = [word for flag in params if flag in defaults for word in (f"--{flag}", str(defaults[flag]))]
     else:
         argv = [part for word in shlex.split(setting) for part in word.removeprefix("--").split("=", 1)]
@@ -429,22 +431,29 @@ def enqueued(setting: str, space: dict) -> dict[str, Any]:
                 f"error: --enqueue={setting!r}: {argv[i]!r} is not one of the space's flags with a value: " + ", ".join(params)
             )
         spec, text = params[flag], argv[i + 1]
-        if spec["type"] == "categorical":
-            match = [c for c in spec["choices"] if str(c) == text or (plain_number(text) == plain_number(c) is not None)]
-            ok, value = bool(match), match[0] if match else None
-        else:
-            value = plain_number(text)
-            if spec["type"] == "int" and value is not None:
-                value = int(value) if value == int(value) else None
-            ok = value is not None and spec["low"] <= value <= spec["high"]
-        if not ok:
+        value = in_space(spec, text)
+        if value is None:
             if spec["type"] == "categorical":
                 accepts = f"one of {spec['choices']}"
             else:
                 accepts = f"{'an integer ' if spec['type'] == 'int' else ''}in [{spec['low']}, {spec['high']}]"
             raise SystemExit(f"error: --enqueue={setting!r}: --{flag} {text} is not {accepts}")
         values[flag] = value
+    for flag in params:
+        if flag not in values and flag in defaults and (value := in_space(params[flag], str(defaults[flag]))) is not None:
+            values[flag] = value
     return values
+
+
+def in_space(spec: dict, text: str) -> Any:
+    """The value a flag's text gives in its search space, or None where the space has no such value."""
+    if spec["type"] == "categorical":
+        match = [c for c in spec["choices"] if str(c) == text or (plain_number(text) == plain_number(c) is not None)]
+        return match[0] if match else None
+    value = plain_number(text)
+    if spec["type"] == "int" and value is not None:
+        value = int(value) if value == int(value) else None
+    return value if value is not None and spec["low"] <= value <= spec["high"] else None
 
 
 def plain_number(value: Any) -> float | None:

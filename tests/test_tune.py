@@ -325,12 +325,19 @@ def test_study_on_a_local_ray_instance(tmp_path):
 
 
 def test_enqueue_reads_the_scripts_defaults_and_refuses_bad_settings():
-    """--enqueue defaults: the script's own defaults of the space's flags, as its Args has them; a setting is the
-    space's flags with values in range; anything else is one line naming the setting and what it accepts."""
+    """--enqueue defaults: the script's own defaults of the space's flags, as its Args has them; a setting is some of
+    the space's flags with values in range, the rest at the script's defaults (where the space holds them); anything
+    else is one line naming the setting and what it accepts."""
     space = tune.check_space(tune.PRESETS["continuous"], "preset continuous")
     defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(import_script("ppo_continuous").Args)}
     assert tune.enqueued("defaults", space) == {flag: defaults[flag] for flag in space["params"]}
-    assert tune.enqueued("gamma=0.99 --learning-rate 3e-4", space) == {"gamma": 0.99, "learning-rate": 3e-4}
+    own = {flag: defaults[flag] for flag in space["params"]}
+    assert tune.enqueued("gamma=0.99 --learning-rate 3e-4", space) == {**own, "gamma": 0.99, "learning-rate": 3e-4}
+    # a flag left out whose default the space does not hold is left to the sampler
+    narrow = {**space, "params": {**space["params"], "gamma": {"type": "categorical", "choices": [0.98, 0.99]}}}
+    assert defaults["gamma"] not in (0.98, 0.99)
+    without_gamma = {flag: value for flag, value in own.items() if flag != "gamma"}
+    assert tune.enqueued("learning-rate=3e-4", narrow) == {**without_gamma, "learning-rate": 3e-4}
     for setting, message in [
         ("gamma=0.9", "--gamma 0.9 is not one of [0.95, 0.98, 0.99, 0.995, 0.999]"),
         ("update-epochs=2.5", "--update-epochs 2.5 is not an integer in [2, 12]"),
