@@ -23,7 +23,10 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps.
   continuous-carry-pendulum, continuous-carry-lunar
                        Pendulum-v1 (100k steps) and LunarLanderContinuous-v3 (500k), 5 seeds: ppo_continuous.py at
-                       its defaults and with the MuJoCo settings below, the best of the continuous study's trials.
+                       its defaults, with the MuJoCo settings below, and with the continuous study's best flags
+                       (CONTINUOUS_TUNED below, tuned on seeds 101-102).
+  continuous-carry-mujoco  HalfCheetah-v5, Hopper-v5 and Walker2d-v5, envs the study never saw, 3 seeds, 1M steps:
+                       the MuJoCo settings (as continuous-mujoco) against the study's best flags.
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -109,6 +112,27 @@ def ppg_heldout(tag: str, flags: list[str], name: str, best: str) -> dict:
     )
 
 
+# the best trial of `benchmarks/tune.py --preset continuous` (seeds 101-102), to three significant figures
+CONTINUOUS_TUNED = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.98"]
+CONTINUOUS_TUNED += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
+CONTINUOUS_TUNED += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+
+
+def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dict:
+    """ppo_continuous.py on one env, seeds 1-5 (the continuous study used 101-102): its defaults, the MuJoCo
+    settings, and the continuous study's best flags."""
+    return dict(
+        configs=[
+            Config("defaults", ["ppo_continuous.py", "--env-id", env_id]),
+            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
+            Config("tuned", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_TUNED]),
+        ],
+        extra=["--total-timesteps", str(steps)],
+        seeds=[1, 2, 3, 4, 5],
+        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Three default sets on {env_id}"),
+    )
+
+
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
 POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
 POPGYM += ["popgym-AutoencodeEasy-v0"]
@@ -172,23 +196,17 @@ PRESETS: dict[str, dict] = {
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="continuous_pendulum", threshold=-200.0, title="Tanh-Gaussian PPO on Pendulum-v1"),
     ),
-    "continuous-carry-pendulum": dict(
+    "continuous-carry-pendulum": continuous_carry("Pendulum-v1", 100000, -200.0, "pendulum"),
+    "continuous-carry-lunar": continuous_carry("LunarLanderContinuous-v3", 500000, 200.0, "lunar"),
+    "continuous-carry-mujoco": dict(
         configs=[
-            Config("defaults", ["ppo_continuous.py", "--env-id", "Pendulum-v1"]),
-            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", "Pendulum-v1", *MUJOCO_FLAGS]),
+            Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
+            for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+            for name, flags in (("mujoco_flags", MUJOCO_FLAGS), ("tuned", CONTINUOUS_TUNED))
         ],
-        extra=["--total-timesteps", "100000"],
-        seeds=[1, 2, 3, 4, 5],
-        report=dict(name="continuous_carry_pendulum", threshold=-200.0, title="Two default sets on Pendulum-v1"),
-    ),
-    "continuous-carry-lunar": dict(
-        configs=[
-            Config("defaults", ["ppo_continuous.py", "--env-id", "LunarLanderContinuous-v3"]),
-            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", "LunarLanderContinuous-v3", *MUJOCO_FLAGS]),
-        ],
-        extra=["--total-timesteps", "500000"],
-        seeds=[1, 2, 3, 4, 5],
-        report=dict(name="continuous_carry_lunar", threshold=200.0, title="Two default sets on LunarLanderContinuous-v3"),
+        extra=["--total-timesteps", "1000000"],
+        seeds=[1, 2, 3],
+        report=dict(name="continuous_carry_mujoco", threshold=None, title="The continuous study's flags on MuJoCo"),
     ),
     "continuous-mujoco": dict(
         configs=[
