@@ -432,7 +432,7 @@ def enqueued(setting: str, space: dict) -> dict[str, Any]:
             )
         spec, text = params[flag], argv[i + 1]
         value = in_space(spec, text)
-        if value is None:
+        if value is OUTSIDE:
             if spec["type"] == "categorical":
                 accepts = f"one of {spec['choices']}"
             else:
@@ -440,20 +440,23 @@ def enqueued(setting: str, space: dict) -> dict[str, Any]:
             raise SystemExit(f"error: --enqueue={setting!r}: --{flag} {text} is not {accepts}")
         values[flag] = value
     for flag in params:
-        if flag not in values and flag in defaults and (value := in_space(params[flag], str(defaults[flag]))) is not None:
+        if flag not in values and flag in defaults and (value := in_space(params[flag], str(defaults[flag]))) is not OUTSIDE:
             values[flag] = value
     return values
 
 
+OUTSIDE = object()  # in_space's answer for a value the space does not hold (a categorical choice may be None)
+
+
 def in_space(spec: dict, text: str) -> Any:
-    """The value a flag's text gives in its search space, or None where the space has no such value."""
+    """The value a flag's text gives in its search space, or OUTSIDE where the space has no such value."""
     if spec["type"] == "categorical":
         match = [c for c in spec["choices"] if str(c) == text or (plain_number(text) == plain_number(c) is not None)]
-        return match[0] if match else None
+        return match[0] if match else OUTSIDE
     value = plain_number(text)
     if spec["type"] == "int" and value is not None:
         value = int(value) if value == int(value) else None
-    return value if value is not None and spec["low"] <= value <= spec["high"] else None
+    return value if value is not None and spec["low"] <= value <= spec["high"] else OUTSIDE
 
 
 def plain_number(value: Any) -> float | None:

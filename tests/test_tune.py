@@ -338,6 +338,8 @@ def test_enqueue_reads_the_scripts_defaults_and_refuses_bad_settings():
     assert defaults["gamma"] not in (0.98, 0.99)
     without_gamma = {flag: value for flag, value in own.items() if flag != "gamma"}
     assert tune.enqueued("learning-rate=3e-4", narrow) == {**without_gamma, "learning-rate": 3e-4}
+    optional = {**space, "params": {**space["params"], "gamma": {"type": "categorical", "choices": [None, 0.99]}}}
+    assert tune.enqueued("gamma=None", optional)["gamma"] is None
     for setting, message in [
         ("gamma=0.9", "--gamma 0.9 is not one of [0.95, 0.98, 0.99, 0.995, 0.999]"),
         ("update-epochs=2.5", "--update-epochs 2.5 is not an integer in [2, 12]"),
