@@ -330,8 +330,8 @@ def test_enqueue_reads_the_scripts_defaults_and_refuses_bad_settings():
     else is one line naming the setting and what it accepts."""
     space = tune.check_space(tune.PRESETS["continuous"], "preset continuous")
     defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(import_script("ppo_continuous").Args)}
-    assert tune.enqueued("defaults", space) == {flag: defaults[flag] for flag in space["params"]}
     own = {flag: defaults[flag] for flag in space["params"]}
+    assert tune.enqueued("defaults", space) == own
     assert tune.enqueued("gamma=0.99 --learning-rate 3e-4", space) == {**own, "gamma": 0.99, "learning-rate": 3e-4}
     # a flag left out whose default the space does not hold is left to the sampler
     narrow = {**space, "params": {**space["params"], "gamma": {"type": "categorical", "choices": [0.98, 0.99]}}}
