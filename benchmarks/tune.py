@@ -20,7 +20,7 @@ Presets (seeds from 101, so that a winner can be judged on seeds 1-5, which the 
   fsmn-cartpole    ppo_fsmn_cartpole.py, CartPole-v1, 50k steps, one seed: mean of the last 20 returns.
   continuous       ppo_continuous.py, Pendulum-v1 (60k steps) and LunarLanderContinuous-v3 (500k), 2 seeds:
                    area under the learning curve, normalised per env.
-  continuous-hopper  the same, with Hopper-v5 (500k steps) in the objective as well.
+  continuous-hopper  the same, with Hopper-v5 (300k steps) in the objective as well.
   ppg-lunarlander  ppg_lunarlander.py, LunarLander-v3, 150k steps, 2 seeds: area under the learning curve.
   ppg-lunarlander-steps  the same script, env and budget, 3 other seeds, a narrower space around the best
                    trials of ppg-lunarlander: the steps to a mean of 200 (never: twice the budget).
@@ -126,7 +126,7 @@ PRESETS: dict[str, dict] = {
         params=CONTINUOUS_SPACE,
         seeds=[101, 102],
         total_timesteps=60000,
-        envs={**CONTINUOUS_ENVS, "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 500000}},
+        envs={**CONTINUOUS_ENVS, "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
         objective="auc",
     ),
     "ppg-lunarlander": dict(
