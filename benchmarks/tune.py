@@ -74,6 +74,7 @@ KEYS = ["script", "params", "fixed", "seeds", "total_timesteps", "envs", "object
 KINDS = ["float", "log", "int", "categorical"]
 OBJECTIVES = ["last", "auc", "steps_to"]
 HEARTBEAT = 10  # seconds between a running trial's heartbeats in an RDB storage
+OUTSIDE = object()  # in_space's answer for a value the space does not hold (a categorical choice may be None)
 STALE = 60  # seconds without a heartbeat after which a running trial is failed and its flags queued again
 
 PPO_SPACE = {
@@ -81,20 +82,26 @@ PPO_SPACE = {
     "gae-lambda": {"type": "float", "low": 0.8, "high": 0.99},
     "clip-coef": {"type": "float", "low": 0.1, "high": 0.3},
 }
-CONTINUOUS_SPACE = {
-    **PPO_SPACE,
-    "update-epochs": {"type": "int", "low": 2, "high": 12},
-    "gamma": {"type": "categorical", "choices": [0.95, 0.98, 0.99, 0.995, 0.999]},
-    "num-steps": {"type": "categorical", "choices": [64, 128, 256, 512]},
-    "num-minibatches": {"type": "categorical", "choices": [4, 8, 16, 32]},
-    "ent-coef": {"type": "float", "low": 0.0, "high": 0.01},
-    "log-std-init": {"type": "float", "low": -1.0, "high": 0.5},
-    "max-grad-norm": {"type": "float", "low": 0.3, "high": 1.0},
-}
-CONTINUOUS_ENVS = {
-    "Pendulum-v1": {"scores": [-1400, -150], "threshold": -200},
-    "LunarLanderContinuous-v3": {"scores": [-250, 250], "total_timesteps": 500000, "threshold": 200},
-}
+CONTINUOUS = dict(
+    script="ppo_continuous.py",
+    params={
+        **PPO_SPACE,
+        "update-epochs": {"type": "int", "low": 2, "high": 12},
+        "gamma": {"type": "categorical", "choices": [0.95, 0.98, 0.99, 0.995, 0.999]},
+        "num-steps": {"type": "categorical", "choices": [64, 128, 256, 512]},
+        "num-minibatches": {"type": "categorical", "choices": [4, 8, 16, 32]},
+        "ent-coef": {"type": "float", "low": 0.0, "high": 0.01},
+        "log-std-init": {"type": "float", "low": -1.0, "high": 0.5},
+        "max-grad-norm": {"type": "float", "low": 0.3, "high": 1.0},
+    },
+    seeds=[101, 102],
+    total_timesteps=60000,
+    envs={
+        "Pendulum-v1": {"scores": [-1400, -150], "threshold": -200},
+        "LunarLanderContinuous-v3": {"scores": [-250, 250], "total_timesteps": 500000, "threshold": 200},
+    },
+    objective="auc",
+)
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
         script="ppo_fsmn_cartpole.py",
@@ -111,24 +118,13 @@ PRESETS: dict[str, dict] = {
         envs={"CartPole-v1": {"scores": [0, 500], "threshold": 475}},
         objective="last",
     ),
-    "continuous": dict(
-        script="ppo_continuous.py",
-        params=CONTINUOUS_SPACE,
-        seeds=[101, 102],
-        total_timesteps=60000,
-        envs=CONTINUOUS_ENVS,
-        objective="auc",
-    ),
+    "continuous": CONTINUOUS,
     # the same space with a MuJoCo task in the objective: the continuous study's best did not carry to Hopper-v5
     # (see benchmarks/results/tune_continuous.md)
-    "continuous-hopper": dict(
-        script="ppo_continuous.py",
-        params=CONTINUOUS_SPACE,
-        seeds=[101, 102],
-        total_timesteps=60000,
-        envs={**CONTINUOUS_ENVS, "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
-        objective="auc",
-    ),
+    "continuous-hopper": {
+        **CONTINUOUS,
+        "envs": {**CONTINUOUS["envs"], "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
+    },
     "ppg-lunarlander": dict(
         script="ppg_lunarlander.py",
         params={
@@ -452,9 +448,6 @@ def enqueued(setting: str, space: dict) -> dict[str, Any]:
         if flag not in values and flag in defaults and (value := in_space(params[flag], str(defaults[flag]))) is not OUTSIDE:
             values[flag] = value
     return values
-
-
-OUTSIDE = object()  # in_space's answer for a value the space does not hold (a categorical choice may be None)
 
 
 def in_space(spec: dict, text: str) -> Any:
