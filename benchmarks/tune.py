@@ -21,6 +21,8 @@ Presets (seeds from 101, so that a winner can be judged on seeds 1-5, which the 
   continuous       ppo_continuous.py, Pendulum-v1 (60k steps) and LunarLanderContinuous-v3 (500k), 2 seeds:
                    area under the learning curve, normalised per env.
   continuous-hopper  the same, with Hopper-v5 (300k steps) in the objective as well.
+  fsmn-popgym      ppo_fsmn_cartpole.py, POPGym's RepeatFirstEasy (250k steps) and RepeatPreviousEasy (150k),
+                   2 seeds: area under the learning curve.
   ppg-lunarlander  ppg_lunarlander.py, LunarLander-v3, 150k steps, 2 seeds: area under the learning curve.
   ppg-lunarlander-steps  the same script, env and budget, 3 other seeds, a narrower space around the best
                    trials of ppg-lunarlander: the steps to a mean of 200 (never: twice the budget).
@@ -125,6 +127,28 @@ PRESETS: dict[str, dict] = {
         **CONTINUOUS,
         "envs": {**CONTINUOUS["envs"], "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
     },
+    # the FSMN's PPO settings on POPGym's two recall tasks, where it learns more slowly per step than an LSTM
+    # (see benchmarks/results/popgym.md); the memory orders long enough for them, and no wider blocks (the
+    # preset's wall-time goal)
+    "fsmn-popgym": dict(
+        script="ppo_fsmn_cartpole.py",
+        params={
+            **PPO_SPACE,
+            "update-epochs": {"type": "int", "low": 2, "high": 12},
+            "gamma": {"type": "categorical", "choices": [0.9, 0.95, 0.99]},
+            "num-steps": {"type": "categorical", "choices": [32, 64, 128]},
+            "num-minibatches": {"type": "categorical", "choices": [1, 2, 4, 8]},
+            "ent-coef": {"type": "float", "low": 0.0, "high": 0.01},
+            "memory-order": {"type": "categorical", "choices": [16, 24, 32]},
+        },
+        seeds=[101, 102],
+        total_timesteps=250000,
+        envs={
+            "popgym-RepeatFirstEasy-v0": {"scores": [-1, 1]},
+            "popgym-RepeatPreviousEasy-v0": {"scores": [-1, 1], "total_timesteps": 150000},
+        },
+        objective="auc",
+    ),
     "ppg-lunarlander": dict(
         script="ppg_lunarlander.py",
         params={
