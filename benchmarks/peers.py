@@ -110,6 +110,63 @@ class RecurrentPPOArgs:
     """the PPO settings of ppo_fsmn_cartpole.py's defaults instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4
     minibatches, gamma 0.99, GAE lambda 0.95, learning rate 1e-3 annealed, clip 0.2, observations normalised and
     rewards not"""
+    # with --fsmn-settings, any of ppo_fsmn_cartpole.py's PPO flags, so that the LSTM gets a tuned FSMN's settings
+    learning_rate: float | None = None
+    """with --fsmn-settings: the learning rate at the start (annealed linearly to 0)"""
+    num_steps: int | None = None
+    """with --fsmn-settings: steps per env in a rollout"""
+    num_minibatches: int | None = None
+    """with --fsmn-settings: minibatches per epoch (it must divide 8 x the rollout's steps)"""
+    update_epochs: int | None = None
+    """with --fsmn-settings: epochs per rollout"""
+    gamma: float | None = None
+    """with --fsmn-settings: the discount factor"""
+    gae_lambda: float | None = None
+    """with --fsmn-settings: GAE's lambda"""
+    clip_coef: float | None = None
+    """with --fsmn-settings: the surrogate clipping coefficient"""
+    ent_coef: float | None = None
+    """with --fsmn-settings: the entropy coefficient"""
+
+
+def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
+    """ppo_fsmn_cartpole.py's PPO settings (its defaults, or the flags given) as RecurrentPPO's arguments, None
+    without --fsmn-settings; a setting given without it, or out of range, is refused in one line."""
+    defaults = dict(
+        learning_rate=1e-3, num_steps=64, num_minibatches=4, update_epochs=10, gamma=0.99, gae_lambda=0.95,
+        clip_coef=0.2, ent_coef=0.0,
+    )  # fmt: skip
+    given = {flag: getattr(args, flag) for flag in defaults if getattr(args, flag) is not None}
+    if not args.fsmn_settings:
+        if given:
+            raise SystemExit(f"error: --{next(iter(given)).replace('_', '-')} is a setting of --fsmn-settings: add it")
+        return None
+    v = {**defaults, **given}
+    checks = [
+        ("learning-rate", v["learning_rate"] > 0, "a number > 0"),
+        ("num-steps", v["num_steps"] >= 1, "at least 1"),
+        ("num-minibatches", v["num_minibatches"] >= 1 and 8 * v["num_steps"] % v["num_minibatches"] == 0,
+         f"a divisor of 8 envs x {v['num_steps']} steps"),
+        ("update-epochs", v["update_epochs"] >= 1, "at least 1"),
+        ("gamma", 0 < v["gamma"] <= 1, "a number in (0, 1]"),
+        ("gae-lambda", 0 <= v["gae_lambda"] <= 1, "a number in [0, 1]"),
+        ("clip-coef", v["clip_coef"] > 0, "a number > 0"),
+        ("ent-coef", v["ent_coef"] >= 0, "a number >= 0"),
+    ]  # fmt: skip
+    for flag, ok, accepts in checks:
+        if not ok:
+            raise SystemExit(f"error: --{flag} must be {accepts}")
+    lr = v["learning_rate"]
+    return dict(
+        n_steps=v["num_steps"],
+        batch_size=8 * v["num_steps"] // v["num_minibatches"],
+        n_epochs=v["update_epochs"],
+        gamma=v["gamma"],
+        gae_lambda=v["gae_lambda"],
+        ent_coef=v["ent_coef"],
+        learning_rate=lambda remaining: lr * remaining,  # annealed to 0, as the FSMN script's --anneal-lr
+        clip_range=v["clip_coef"],
+    )
 
 
 def flat_observation(env: gym.Env) -> gym.Env:
@@ -128,19 +185,23 @@ def recurrent_ppo(args: RecurrentPPOArgs) -> None:
     base = mask_velocity if args.env_id.startswith("CartPole") else flat_observation
     wrap = (lambda env: PreviousAction(base(env))) if args.prev_action else base
     fsmn = args.fsmn_settings
+    zoo = dict(
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        learning_rate=lambda remaining: 1e-3 * remaining,  # the zoo's lin_1e-3: linear decay to 0
+        clip_range=lambda remaining: 0.2 * remaining,  # the zoo's lin_0.2
+    )
+    ppo = fsmn_ppo(args) or zoo
     envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=wrap)
     envs = VecNormalize(envs, norm_reward=not fsmn)  # the zoo's `normalize: true`; the FSMN normalises observations only
     model = RecurrentPPO(
         "MlpLstmPolicy",
         envs,
-        n_steps=64 if fsmn else 32,
-        batch_size=128 if fsmn else 256,
-        n_epochs=10 if fsmn else 20,
-        gamma=0.99 if fsmn else 0.98,
-        gae_lambda=0.95 if fsmn else 0.8,
-        ent_coef=0.0,
-        learning_rate=lambda remaining: 1e-3 * remaining,  # the zoo's lin_1e-3: linear decay to 0
-        clip_range=0.2 if fsmn else lambda remaining: 0.2 * remaining,  # the zoo's lin_0.2
+        **ppo,
         policy_kwargs=dict(
             ortho_init=False,
             activation_fn=torch.nn.ReLU,

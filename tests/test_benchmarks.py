@@ -220,6 +220,32 @@ def test_peer_previous_action_is_the_input_the_fsmn_script_builds():
         previous, start = action, False
 
 
+def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path):
+    """`recurrent-ppo --fsmn-settings` gives RecurrentPPO ppo_fsmn_cartpole.py's PPO defaults, read from its Args;
+    each of the script's PPO flags replaces one; without --fsmn-settings a flag, or one out of range, is one line
+    and the run writes nothing."""
+    fsmn = import_script("ppo_fsmn_cartpole").Args()
+    ppo = peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True))
+    assert fsmn.num_envs == 8 and (ppo["n_steps"], ppo["n_epochs"]) == (fsmn.num_steps, fsmn.update_epochs)
+    assert ppo["batch_size"] * fsmn.num_minibatches == fsmn.num_envs * fsmn.num_steps
+    assert (ppo["gamma"], ppo["gae_lambda"], ppo["clip_range"]) == (fsmn.gamma, fsmn.gae_lambda, fsmn.clip_coef)
+    assert ppo["ent_coef"] == fsmn.ent_coef and fsmn.anneal_lr
+    assert ppo["learning_rate"](1.0) == fsmn.learning_rate and ppo["learning_rate"](0.25) == fsmn.learning_rate / 4
+    flags = dict(learning_rate=2e-3, num_steps=128, num_minibatches=8, update_epochs=5, gamma=0.9, gae_lambda=0.8)
+    tuned = peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, clip_coef=0.1, ent_coef=0.01, **flags))
+    assert (tuned["n_steps"], tuned["batch_size"], tuned["n_epochs"]) == (128, 128, 5)
+    assert (tuned["gamma"], tuned["gae_lambda"], tuned["clip_range"], tuned["ent_coef"]) == (0.9, 0.8, 0.1, 0.01)
+    assert tuned["learning_rate"](0.5) == 1e-3 and peers.fsmn_ppo(peers.RecurrentPPOArgs()) is None
+    with pytest.raises(SystemExit, match=r"^error: --num-minibatches must be a divisor of 8 envs x 64 steps$"):
+        peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, num_minibatches=3))
+    with pytest.raises(SystemExit, match=r"^error: --gae-lambda must be a number in \[0, 1\]$"):
+        peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, gae_lambda=1.5))
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peers.py"), "recurrent-ppo", "--gamma", "0.9"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stdout == "", done
+    assert done.stderr.strip() == "error: --gamma is a setting of --fsmn-settings: add it" and os.listdir(tmp_path) == []
+
+
 TINY = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
 
 
