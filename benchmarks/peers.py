@@ -9,6 +9,7 @@ Runs are written to runs/{env_id}__{exp_name}__{seed}__{time}, as the scripts do
 `charts/episodic_length` and `charts/SPS`, so benchmarks/report.py and benchmarks/sps.py read both alike.
 """
 
+import math
 import os
 import sys
 import time
@@ -109,14 +110,14 @@ class RecurrentPPOArgs:
     fsmn_settings: bool = False
     """the PPO settings of ppo_fsmn_cartpole.py's defaults instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4
     minibatches, gamma 0.99, GAE lambda 0.95, learning rate 1e-3 annealed, clip 0.2, observations normalised and
-    rewards not"""
+    rewards not (the value loss unclipped, SB3's default, where the script clips it)"""
     # with --fsmn-settings, any of ppo_fsmn_cartpole.py's PPO flags, so that the LSTM gets a tuned FSMN's settings
     learning_rate: float | None = None
     """with --fsmn-settings: the learning rate at the start (annealed linearly to 0)"""
     num_steps: int | None = None
     """with --fsmn-settings: steps per env in a rollout"""
     num_minibatches: int | None = None
-    """with --fsmn-settings: minibatches per epoch (it must divide 8 x the rollout's steps)"""
+    """with --fsmn-settings: minibatches per epoch, formed over the 8 envs (a divisor of 8)"""
     update_epochs: int | None = None
     """with --fsmn-settings: epochs per rollout"""
     gamma: float | None = None
@@ -139,23 +140,25 @@ def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
     given = {flag: getattr(args, flag) for flag in defaults if getattr(args, flag) is not None}
     if not args.fsmn_settings:
         if given:
-            raise SystemExit(f"error: --{next(iter(given)).replace('_', '-')} is a setting of --fsmn-settings: add it")
+            flag, value = next(iter(given.items()))
+            raise SystemExit(f"error: --{flag.replace('_', '-')}={value} needs --fsmn-settings")
         return None
     v = {**defaults, **given}
-    checks = [
-        ("learning-rate", v["learning_rate"] > 0, "a number > 0"),
-        ("num-steps", v["num_steps"] >= 1, "at least 1"),
-        ("num-minibatches", v["num_minibatches"] >= 1 and 8 * v["num_steps"] % v["num_minibatches"] == 0,
-         f"a divisor of 8 envs x {v['num_steps']} steps"),
-        ("update-epochs", v["update_epochs"] >= 1, "at least 1"),
-        ("gamma", 0 < v["gamma"] <= 1, "a number in (0, 1]"),
-        ("gae-lambda", 0 <= v["gae_lambda"] <= 1, "a number in [0, 1]"),
-        ("clip-coef", v["clip_coef"] > 0, "a number > 0"),
-        ("ent-coef", v["ent_coef"] >= 0, "a number >= 0"),
-    ]  # fmt: skip
-    for flag, ok, accepts in checks:
-        if not ok:
-            raise SystemExit(f"error: --{flag} must be {accepts}")
+    minibatch = 8 * v["num_steps"] // max(v["num_minibatches"], 1)
+    for flag, accepted, what in (  # ppo_fsmn_cartpole.py's own conditions, with its 8 envs
+        ("learning_rate", 0 <= v["learning_rate"] < math.inf, "a number >= 0"),
+        ("num_steps", v["num_steps"] >= 1, "at least 1"),
+        ("gamma", 0 <= v["gamma"] <= 1, "in [0, 1]"),
+        ("gae_lambda", 0 <= v["gae_lambda"] <= 1, "in [0, 1]"),
+        ("num_minibatches", v["num_minibatches"] >= 1, "at least 1"),
+        ("num_minibatches", 8 % max(v["num_minibatches"], 1) == 0, "a divisor of the 8 envs"),
+        ("num_minibatches", minibatch >= 2, "at most half the batch (advantages are normalised per minibatch)"),
+        ("update_epochs", v["update_epochs"] >= 1, "at least 1"),
+        ("clip_coef", 0 < v["clip_coef"] < math.inf, "a positive number"),
+        ("ent_coef", 0 <= v["ent_coef"] < math.inf, "a number >= 0"),
+    ):
+        if not accepted:
+            raise SystemExit(f"error: --{flag.replace('_', '-')}={v[flag]} must be {what}")
     lr = v["learning_rate"]
     return dict(
         n_steps=v["num_steps"],

@@ -37,7 +37,7 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
   popgym               POPGym's PositionOnlyCartPole, RepeatPrevious, RepeatFirst, CountRecall and Autoencode (Easy),
                        3 seeds, 400k steps: ppo_fsmn_cartpole.py at its defaults, with a memory as long as an episode
-                       (memory order 32), at the fsmn-popgym study's best (tune.py), its memoryless ablation (memory
+                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), its memoryless ablation (memory
                        order 0), and sb3-contrib RecurrentPPO given the same observation, previous action and PPO
                        settings (the defaults', and the study's best).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
@@ -141,7 +141,7 @@ LSTM = ["benchmarks/peers.py", "recurrent-ppo", "--prev-action", "--fsmn-setting
 # the best trial of `benchmarks/tune.py --preset fsmn-popgym` (seeds 101-102), to three significant figures: its PPO
 # settings, which the LSTM gets as well, and its memory order
 POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coef", "0.200", "--update-epochs", "9"]
-POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3"]
+POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(

@@ -127,9 +127,8 @@ PRESETS: dict[str, dict] = {
         **CONTINUOUS,
         "envs": {**CONTINUOUS["envs"], "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
     },
-    # the FSMN's PPO settings on POPGym's two recall tasks, where it learns more slowly per step than an LSTM
-    # (see benchmarks/results/popgym.md); the memory orders long enough for them, and no wider blocks (the
-    # preset's wall-time goal)
+    # the FSMN's PPO settings on POPGym's two recall tasks (see benchmarks/results/popgym.md); the memory orders
+    # long enough for them, and no wider blocks, which would cost wall time
     "fsmn-popgym": dict(
         script="ppo_fsmn_cartpole.py",
         params={

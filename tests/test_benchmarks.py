@@ -2,6 +2,7 @@
 writes into the repository unless told to (`repository_unchanged`), and none of these tests depends on the load."""
 
 import glob
+import math
 import os
 import shutil
 import signal
@@ -220,7 +221,7 @@ def test_peer_previous_action_is_the_input_the_fsmn_script_builds():
         previous, start = action, False
 
 
-def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path):
+def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path, monkeypatch):
     """`recurrent-ppo --fsmn-settings` gives RecurrentPPO ppo_fsmn_cartpole.py's PPO defaults, read from its Args;
     each of the script's PPO flags replaces one; without --fsmn-settings a flag, or one out of range, is one line
     and the run writes nothing."""
@@ -236,14 +237,36 @@ def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path):
     assert (tuned["n_steps"], tuned["batch_size"], tuned["n_epochs"]) == (128, 128, 5)
     assert (tuned["gamma"], tuned["gae_lambda"], tuned["clip_range"], tuned["ent_coef"]) == (0.9, 0.8, 0.1, 0.01)
     assert tuned["learning_rate"](0.5) == 1e-3 and peers.fsmn_ppo(peers.RecurrentPPOArgs()) is None
-    with pytest.raises(SystemExit, match=r"^error: --num-minibatches must be a divisor of 8 envs x 64 steps$"):
-        peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, num_minibatches=3))
-    with pytest.raises(SystemExit, match=r"^error: --gae-lambda must be a number in \[0, 1\]$"):
-        peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, gae_lambda=1.5))
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peers.py"), "recurrent-ppo", "--gamma", "0.9"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    refused = {
+        (("gamma", 0.9),): "error: --gamma=0.9 needs --fsmn-settings",
+        (("fsmn_settings", True), ("num_minibatches", 3)): "error: --num-minibatches=3 must be a divisor of the 8 envs",
+        (("fsmn_settings", True), ("num_steps", 1), ("num_minibatches", 8)): "error: --num-minibatches=8 must be at most "
+        "half the batch (advantages are normalised per minibatch)",
+        (("fsmn_settings", True), ("gae_lambda", 1.5)): "error: --gae-lambda=1.5 must be in [0, 1]",
+        (("fsmn_settings", True), ("clip_coef", math.inf)): "error: --clip-coef=inf must be a positive number",
+    }
+    for given, line in refused.items():
+        with pytest.raises(SystemExit) as error:
+            peers.fsmn_ppo(peers.RecurrentPPOArgs(**dict(given)))
+        assert str(error.value) == line
+    # recurrent_ppo builds RecurrentPPO from these settings; through the CLI, a refused run writes nothing
+    built = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(policy, envs, **kwargs):
+        built.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(peers, "RecurrentPPO", capture)
+    with pytest.raises(Built):
+        peers.recurrent_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, total_timesteps=64, **flags))
+    assert (built["n_steps"], built["batch_size"], built["gamma"], built["learning_rate"](1.0)) == (128, 128, 0.9, 2e-3)
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peers.py"), "recurrent-ppo", "--fsmn-settings"]
+    done = subprocess.run([*command, "--num-minibatches", "16"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and done.stdout == "", done
-    assert done.stderr.strip() == "error: --gamma is a setting of --fsmn-settings: add it" and os.listdir(tmp_path) == []
+    assert done.stderr.strip() == "error: --num-minibatches=16 must be a divisor of the 8 envs" and not os.listdir(tmp_path)
 
 
 TINY = "--total-timesteps 256 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1"
