@@ -162,7 +162,7 @@ def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
     lr = v["learning_rate"]
     return dict(
         n_steps=v["num_steps"],
-        batch_size=8 * v["num_steps"] // v["num_minibatches"],
+        batch_size=minibatch,
         n_epochs=v["update_epochs"],
         gamma=v["gamma"],
         gae_lambda=v["gae_lambda"],

@@ -37,9 +37,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
   popgym               POPGym's PositionOnlyCartPole, RepeatPrevious, RepeatFirst, CountRecall and Autoencode (Easy),
                        3 seeds, 400k steps: ppo_fsmn_cartpole.py at its defaults, with a memory as long as an episode
-                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), its memoryless ablation (memory
-                       order 0), and sb3-contrib RecurrentPPO given the same observation, previous action and PPO
-                       settings (the defaults', and the study's best).
+                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), its memoryless
+                       ablation (memory order 0), and sb3-contrib RecurrentPPO given the same observation, previous
+                       action and PPO settings (the defaults', and the study's best).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
