@@ -60,6 +60,21 @@ def test_objectives_against_their_definitions():
     assert tune.trial_value({("A", 1): run, ("B", 1): None}, space) is None
 
 
+def test_worst_env_aggregate_against_its_definition():
+    """aggregate worst: each env's scores averaged over its seeds, then the lowest env's mean (the highest with
+    steps_to, which is minimised); mean: every run's score averaged."""
+    low, high = made_up_run([0] * 10), made_up_run([100] * 10)  # normalised last: 0 and 1
+    env = {"scores": [0, 100], "total_timesteps": 1000, "threshold": 50}
+    space = {"envs": {"A": env, "B": env}, "objective": "last", "window": 4, "aggregate": "worst"}
+    runs = {("A", 1): high, ("A", 2): low, ("B", 1): high, ("B", 2): high}  # A: 0.5, B: 1.0
+    assert tune.trial_value(runs, space) == pytest.approx(0.5)
+    assert tune.trial_value(runs, {**space, "aggregate": "mean"}) == pytest.approx(0.75)
+    steps = {**space, "objective": "steps_to"}  # high reaches 50 at step 400 (0.4); low never (2)
+    assert tune.trial_value(runs, steps) == pytest.approx((0.4 + tune.NEVER) / 2)
+    assert tune.trial_value({**runs, ("A", 2): high}, steps) == pytest.approx(0.4)
+    assert tune.check_space(TINY, "space.yaml")["aggregate"] == "mean"
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
     """The default SQLite storage has a heartbeat: a trial left running by a killed tuner is failed once it
@@ -188,6 +203,7 @@ def test_presets_give_flags_their_script_accepts(preset):
         ({"seeds": []}, "seeds: [] is not a non-empty list of integers"),
         ({"objective": "best"}, "objective: 'best' is not one of last, auc, steps_to"),
         ({"window": 0}, "window: 0 is not at least 1"),
+        ({"aggregate": "min"}, "aggregate: 'min' is not one of mean, worst"),
         (
             {"envs": {"CartPole-v1": None, "Acrobot-v1": None}},
             "envs.CartPole-v1.scores: None is not optional with several",
