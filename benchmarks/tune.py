@@ -801,7 +801,7 @@ def open_study(args: Args, name: str, space: dict, storage):
     recorded = study.user_attrs.get("space")
     if recorded is None:
         study.set_user_attr("space", space)
-    elif recorded != json.loads(json.dumps(space)):
+    elif {"aggregate": "mean", **recorded} != json.loads(json.dumps(space)):  # studies from before `aggregate`
         raise SystemExit(f"error: --study={name} exists with another search space: give another --study")
     return study
 
@@ -862,7 +862,8 @@ def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> lis
         + (
             f"{normalised}averaged over the trial's runs"
             if space.get("aggregate", "mean") == "mean"
-            else f"{normalised}averaged over the seeds; a trial's value is its worst env's"
+            else f"{normalised}averaged over each env's seeds; a trial's value is its worst env's (the lowest,"
+            " or the highest when minimised)"
         )
         + f". Pruner: {args.pruner}; sampler: TPE. The trials ran "
         f"{seconds:,.0f} s in all"

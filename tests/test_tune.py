@@ -63,15 +63,19 @@ def test_objectives_against_their_definitions():
 def test_worst_env_aggregate_against_its_definition():
     """aggregate worst: each env's scores averaged over its seeds, then the lowest env's mean (the highest with
     steps_to, which is minimised); mean: every run's score averaged."""
-    low, high = made_up_run([0] * 10), made_up_run([100] * 10)  # normalised last: 0 and 1
+    # normalised last: 0, 0.5 and 1; steps_to: mid and high reach 50 at step 400 (a full window), low never
+    low, mid, high = made_up_run([0] * 10), made_up_run([50] * 10), made_up_run([100] * 10)
     env = {"scores": [0, 100], "total_timesteps": 1000, "threshold": 50}
     space = {"envs": {"A": env, "B": env}, "objective": "last", "window": 4, "aggregate": "worst"}
-    runs = {("A", 1): high, ("A", 2): low, ("B", 1): high, ("B", 2): high}  # A: 0.5, B: 1.0
-    assert tune.trial_value(runs, space) == pytest.approx(0.5)
-    assert tune.trial_value(runs, {**space, "aggregate": "mean"}) == pytest.approx(0.75)
-    steps = {**space, "objective": "steps_to"}  # high reaches 50 at step 400 (0.4); low never (2)
-    assert tune.trial_value(runs, steps) == pytest.approx((0.4 + tune.NEVER) / 2)
-    assert tune.trial_value({**runs, ("A", 2): high}, steps) == pytest.approx(0.4)
+    # by env A 0.25, B 1.0; by seed 0.5 and 0.75; the lowest run 0; the mean 0.625
+    runs = {("A", 1): low, ("A", 2): mid, ("B", 1): high, ("B", 2): high}
+    assert tune.trial_value(runs, space) == pytest.approx(0.25)
+    assert tune.trial_value(runs, {**space, "aggregate": "mean"}) == pytest.approx(0.625)
+    steps = {**space, "objective": "steps_to"}  # by env A 2, B 0.4; by seed and the mean 1.2
+    assert tune.trial_value({**runs, ("A", 2): low}, steps) == pytest.approx(tune.NEVER)
+    assert tune.trial_value({**runs, ("A", 1): high}, steps) == pytest.approx(0.4)
+    # the value the pruner sees at 30% of the budget: no run has a full window yet
+    assert tune.trial_value({**runs, ("A", 1): high}, steps, percent=30) == pytest.approx(tune.NEVER)
     assert tune.check_space(TINY, "space.yaml")["aggregate"] == "mean"
 
 
@@ -100,6 +104,11 @@ def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
         tune.open_storage(tune.Args(storage="study.db"), str(tmp_path))
     with pytest.raises(SystemExit, match=r"^error: --study=tiny exists with another search space"):
         tune.open_study(args, "tiny", {**space, "seeds": [2]}, study._storage)
+    with pytest.raises(SystemExit, match=r"^error: --study=tiny exists with another search space"):
+        tune.open_study(args, "tiny", {**space, "aggregate": "worst"}, study._storage)
+    # a study recorded before `aggregate` was a key resumes with the default
+    study.set_user_attr("space", {key: value for key, value in space.items() if key != "aggregate"})
+    assert tune.open_study(args, "tiny", space, study._storage).study_name == "tiny"
 
 
 def test_report_lists_every_trial_and_the_best_command(tmp_path):
@@ -146,6 +155,9 @@ def test_report_of_steps_to_gives_steps_and_never(tmp_path):
     text = (tmp_path / "tune_tiny.md").read_text()
     assert "| 0 | complete | 1.083 | 0.01 | 1,536 (1,024 to never), 1 of 3 never |" in text
     assert "minimised, averaged over the trial's runs" in text and "normalised" not in text
+    tune.write_report(study, {**space, "aggregate": "worst"}, tune.Args(), "tiny", str(tmp_path))
+    text = (tmp_path / "tune_tiny.md").read_text()
+    assert "minimised, averaged over each env's seeds; a trial's value is its worst env's (the lowest," in text
 
 
 @pytest.mark.parametrize("preset", tune.PRESETS)
