@@ -216,7 +216,11 @@ PRESETS: dict[str, dict] = {
         configs=[
             Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
             for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
-            for name, flags in (("mujoco_flags", MUJOCO_FLAGS), ("tuned", CONTINUOUS_TUNED), ("carry", CONTINUOUS_CARRY))
+            for name, flags in (
+                ("mujoco_flags", MUJOCO_FLAGS),
+                ("tuned", CONTINUOUS_TUNED),
+                ("carry", CONTINUOUS_CARRY),
+            )
         ],
         extra=["--total-timesteps", "1000000"],
         seeds=[1, 2, 3],

@@ -132,8 +132,8 @@ PRESETS: dict[str, dict] = {
         "envs": {**CONTINUOUS["envs"], "Hopper-v5": {"scores": [0, 3000], "total_timesteps": 300000}},
     },
     # the same three envs, judged by the worst: the mean let Pendulum outweigh Hopper (see
-    # benchmarks/results/tune_continuous_carry.md); Hopper's scores are for an area over its first 300k steps, not
-    # a return at 1M, so that no env's scale hides another's
+    # benchmarks/results/tune_continuous_carry.md); Hopper's scores are for an area over the short budget below, not
+    # a final return after a full MuJoCo run, so that no env's scale hides another's
     "continuous-carry": {
         **CONTINUOUS,
         "envs": {**CONTINUOUS["envs"], "Hopper-v5": {"scores": [0, 1500], "total_timesteps": 300000}},
