@@ -25,9 +25,10 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        Pendulum-v1 (100k steps) and LunarLanderContinuous-v3 (500k), 5 seeds: ppo_continuous.py at
                        its defaults, with the MuJoCo settings below, with the continuous study's best flags
                        (CONTINUOUS_TUNED below, tuned on seeds 101-102), and with the continuous-carry study's
-                       (CONTINUOUS_CARRY, the same seeds, Hopper-v5 in the objective too).
+                       best and second (CONTINUOUS_CARRY and its gamma-0.99 variant, the same seeds, Hopper-v5 in
+                       the objective too).
   continuous-carry-mujoco  HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: the MuJoCo settings (as
-                       continuous-mujoco) against the two studies' best flags (Hopper-v5 was in the second's).
+                       continuous-mujoco) against the studies' flags (Hopper-v5 was in the continuous-carry study's).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -123,21 +124,26 @@ CONTINUOUS_TUNED += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
 CONTINUOUS_CARRY = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.995"]
 CONTINUOUS_CARRY += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
 CONTINUOUS_CARRY += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+# the same study's second trial: CONTINUOUS_TUNED with gamma 0.99, between the two
+CONTINUOUS_CARRY_099 = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.99"]
+CONTINUOUS_CARRY_099 += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
+CONTINUOUS_CARRY_099 += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
 
 
 def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dict:
     """ppo_continuous.py on one env, seeds 1-5 (the studies used 101-102): its defaults, the MuJoCo settings, the
-    continuous study's best flags and the continuous-carry study's."""
+    continuous study's best flags and the continuous-carry study's best and second."""
     return dict(
         configs=[
             Config("defaults", ["ppo_continuous.py", "--env-id", env_id]),
             Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
             Config("tuned", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_TUNED]),
             Config("carry", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY]),
+            Config("carry_gamma0.99", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_099]),
         ],
         extra=["--total-timesteps", str(steps)],
         seeds=[1, 2, 3, 4, 5],
-        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Four default sets on {env_id}"),
+        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Five default sets on {env_id}"),
     )
 
 
@@ -220,6 +226,7 @@ PRESETS: dict[str, dict] = {
                 ("mujoco_flags", MUJOCO_FLAGS),
                 ("tuned", CONTINUOUS_TUNED),
                 ("carry", CONTINUOUS_CARRY),
+                ("carry_gamma0.99", CONTINUOUS_CARRY_099),
             )
         ],
         extra=["--total-timesteps", "1000000"],
