@@ -26,9 +26,12 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        its defaults, with the MuJoCo settings below, with the continuous study's best flags
                        (CONTINUOUS_TUNED below, tuned on seeds 101-102), and with the continuous-carry study's
                        best and second (CONTINUOUS_CARRY and its gamma-0.99 variant, the same seeds, Hopper-v5 in
-                       the objective too).
+                       the objective too), and that second with its updates capped (CONTINUOUS_CARRY_KL).
   continuous-carry-mujoco  HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps: the MuJoCo settings (as
                        continuous-mujoco) against the studies' flags (Hopper-v5 was in the continuous-carry study's).
+  continuous-fresh-pendulum, continuous-fresh-lunar, continuous-fresh-mujoco
+                       the same envs on seeds no study or probe saw (6-10; 4-6 on MuJoCo): ppo_continuous.py at its
+                       defaults (not on MuJoCo), with the MuJoCo settings and with CONTINUOUS_CARRY_KL.
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -128,6 +131,11 @@ CONTINUOUS_CARRY += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
 CONTINUOUS_CARRY_099 = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.99"]
 CONTINUOUS_CARRY_099 += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
 CONTINUOUS_CARRY_099 += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+# that set with each update stopped at an approximate KL of 0.02: on MuJoCo the studies' sets took updates far larger
+# than the MuJoCo settings' (found on seeds 1-5, so judged on the continuous-fresh presets' seeds)
+CONTINUOUS_CARRY_KL = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.99"]
+CONTINUOUS_CARRY_KL += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
+CONTINUOUS_CARRY_KL += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "--target-kl", "0.02"]
 
 
 def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dict:
@@ -140,10 +148,26 @@ def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dic
             Config("tuned", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_TUNED]),
             Config("carry", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY]),
             Config("carry_gamma0.99", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_099]),
+            Config("carry_kl", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_KL]),
         ],
         extra=["--total-timesteps", str(steps)],
         seeds=[1, 2, 3, 4, 5],
-        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Five default sets on {env_id}"),
+        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Six default sets on {env_id}"),
+    )
+
+
+def continuous_fresh(env_id: str, steps: int, threshold: float, tag: str) -> dict:
+    """ppo_continuous.py on one env, on seeds 6-10 that no study or probe saw: its defaults, the MuJoCo settings and
+    the KL-capped set."""
+    return dict(
+        configs=[
+            Config("defaults", ["ppo_continuous.py", "--env-id", env_id]),
+            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
+            Config("carry_kl", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_KL]),
+        ],
+        extra=["--total-timesteps", str(steps)],
+        seeds=[6, 7, 8, 9, 10],
+        report=dict(name=f"continuous_fresh_{tag}", threshold=threshold, title=f"Fresh seeds on {env_id}"),
     )
 
 
@@ -227,11 +251,24 @@ PRESETS: dict[str, dict] = {
                 ("tuned", CONTINUOUS_TUNED),
                 ("carry", CONTINUOUS_CARRY),
                 ("carry_gamma0.99", CONTINUOUS_CARRY_099),
+                ("carry_kl", CONTINUOUS_CARRY_KL),
             )
         ],
         extra=["--total-timesteps", "1000000"],
         seeds=[1, 2, 3],
         report=dict(name="continuous_carry_mujoco", threshold=None, title="The continuous studies' flags on MuJoCo"),
+    ),
+    "continuous-fresh-pendulum": continuous_fresh("Pendulum-v1", 100000, -200.0, "pendulum"),
+    "continuous-fresh-lunar": continuous_fresh("LunarLanderContinuous-v3", 500000, 200.0, "lunar"),
+    "continuous-fresh-mujoco": dict(
+        configs=[
+            Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
+            for env_id in ("Walker2d-v5", "HalfCheetah-v5", "Hopper-v5")
+            for name, flags in (("mujoco_flags", MUJOCO_FLAGS), ("carry_kl", CONTINUOUS_CARRY_KL))
+        ],
+        extra=["--total-timesteps", "1000000"],
+        seeds=[4, 5, 6],
+        report=dict(name="continuous_fresh_mujoco", threshold=None, title="Fresh seeds on MuJoCo"),
     ),
     "continuous-mujoco": dict(
         configs=[
