@@ -31,7 +31,7 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        continuous-mujoco) against the studies' flags (Hopper-v5 was in the continuous-carry study's).
   continuous-fresh-pendulum, continuous-fresh-lunar, continuous-fresh-mujoco
                        the same envs on seeds no study or probe saw (6-10; 4-6 on MuJoCo): ppo_continuous.py at its
-                       defaults (not on MuJoCo), with the MuJoCo settings and with CONTINUOUS_CARRY_KL.
+                       defaults, with the MuJoCo settings and with CONTINUOUS_CARRY_KL.
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -264,7 +264,7 @@ PRESETS: dict[str, dict] = {
         configs=[
             Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
             for env_id in ("Walker2d-v5", "HalfCheetah-v5", "Hopper-v5")
-            for name, flags in (("mujoco_flags", MUJOCO_FLAGS), ("carry_kl", CONTINUOUS_CARRY_KL))
+            for name, flags in (("defaults", []), ("mujoco_flags", MUJOCO_FLAGS), ("carry_kl", CONTINUOUS_CARRY_KL))
         ],
         extra=["--total-timesteps", "1000000"],
         seeds=[4, 5, 6],
