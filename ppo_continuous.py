@@ -6,8 +6,7 @@ estimate. Observations and rewards are normalised by running statistics kept in 
 carry them.
 
     python ppo_continuous.py                          # Pendulum-v1
-    python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000 \
-        --gamma 0.99 --learning-rate 3e-4 --num-minibatches 32    # the MuJoCo settings of benchmarks/run.py
+    python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000    # the same defaults carry to MuJoCo
     python ppo_continuous.py --eval-interval 4        # evaluate every 4 iterations, keep the best in runs/<run>/best.pt
     python ppo_continuous.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
@@ -99,36 +98,36 @@ class Args:
     """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
-    learning_rate: float = 1e-3
+    learning_rate: float = 1.13e-3
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel game environments"""
-    num_steps: int = 256
+    num_steps: int = 64
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
-    gamma: float = 0.95
+    gamma: float = 0.99
     """the discount factor gamma"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = 0.929
     """the lambda for the general advantage estimation"""
-    num_minibatches: int = 8
+    num_minibatches: int = 16
     """the number of mini-batches (formed over samples: it must divide num_envs * num_steps)"""
     update_epochs: int = 10
     """the K epochs to update the policy"""
     norm_adv: bool = True
     """Toggles advantages normalization"""
-    clip_coef: float = 0.2
+    clip_coef: float = 0.157
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
-    ent_coef: float = 0.0
+    ent_coef: float = 8.3e-3
     """coefficient of the entropy"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = 0.986
     """the maximum norm for the gradient clipping"""
-    target_kl: float | None = None
-    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+    target_kl: float | None = 0.02
+    """stop an iteration's epochs after the first whose last minibatch has an approximate KL above this (None: never)"""
     norm_reward: bool = True
     """scale rewards by the running std of the discounted return (saved in checkpoints)"""
     reward_clip: float = 10.0
@@ -143,7 +142,7 @@ class Args:
     """widths of the critic's tanh MLP layers"""
     state_dependent_std: bool = False
     """make the log-std a head of the actor (otherwise one free parameter per action dimension)"""
-    log_std_init: float = 0.0
+    log_std_init: float = 0.142
     """initial log-std of the pre-squash Gaussian"""
     log_std_min: float = -5.0
     """lower clamp of the log-std"""

@@ -20,10 +20,11 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        the masked task, with and without the previous action as input, 5 seeds each, 150k steps.
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
                        bf16 instructions: emulated, it is far slower); `--configs atari_fp32` for one of them.
-  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps.
+  continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: ppo_continuous.py at its defaults and at its old ones
+                       (PENDULUM_FLAGS below, Pendulum's own, the defaults until CONTINUOUS_CARRY_KL replaced them).
   continuous-carry-pendulum, continuous-carry-lunar
                        Pendulum-v1 (100k steps) and LunarLanderContinuous-v3 (500k), 5 seeds: ppo_continuous.py at
-                       its defaults, with the MuJoCo settings below, with the continuous study's best flags
+                       its old defaults, with the MuJoCo settings below, with the continuous study's best flags
                        (CONTINUOUS_TUNED below, tuned on seeds 101-102), and with the continuous-carry study's
                        best and second (CONTINUOUS_CARRY and its gamma-0.99 variant, the same seeds, Hopper-v5 in
                        the objective too), and that second with its updates capped (CONTINUOUS_CARRY_KL).
@@ -31,7 +32,7 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        continuous-mujoco) against the studies' flags (Hopper-v5 was in the continuous-carry study's).
   continuous-fresh-pendulum, continuous-fresh-lunar, continuous-fresh-mujoco
                        the same envs on seeds no study or probe saw (6-10; 4-6 on MuJoCo): ppo_continuous.py at its
-                       defaults, with the MuJoCo settings and with CONTINUOUS_CARRY_KL.
+                       old defaults, with the MuJoCo settings and with CONTINUOUS_CARRY_KL (the defaults since).
   continuous-mujoco    HalfCheetah-v5, Hopper-v5 and Walker2d-v5, 3 seeds, 1M steps, with CleanRL's MuJoCo settings
                        (gamma 0.99, lr 3e-4, minibatches of 64); `--env-ids Hopper-v5` runs only that env's config.
   continuous-bipedal   BipedalWalker-v3, 3 seeds, 5M steps, six configs: `zoo`, the rl-baselines3-zoo's PPO settings
@@ -72,11 +73,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
 
 
-MUJOCO_FLAGS = ["--gamma", "0.99", "--learning-rate", "3e-4", "--num-minibatches", "32"]  # CleanRL's MuJoCo settings
+# the flags that ppo_continuous.py's defaults held until CONTINUOUS_CARRY_KL replaced them, apart from the three that
+# PENDULUM_FLAGS and MUJOCO_FLAGS set: written out, so that the configs measured at them still run them
+OLD_REST = ["--num-steps", "256", "--gae-lambda", "0.95", "--clip-coef", "0.2", "--ent-coef", "0"]
+OLD_REST += ["--max-grad-norm", "0.5", "--log-std-init", "0", "--target-kl", "None"]
+PENDULUM_FLAGS = ["--gamma", "0.95", "--learning-rate", "1e-3", "--num-minibatches", "8", *OLD_REST]  # the old defaults
+MUJOCO_FLAGS = ["--gamma", "0.99", "--learning-rate", "3e-4", "--num-minibatches", "32", *OLD_REST]  # CleanRL's MuJoCo
 # the rl-baselines3-zoo's PPO settings for BipedalWalker-v3: 32 envs x 2048 steps, minibatches of 64, 10 epochs;
 # the final checkpoint is kept for a deterministic evaluation (--eval-checkpoint), as the zoo scores its agents
 BIPEDAL_FLAGS = ["--num-envs", "32", "--update-epochs", "10", "--learning-rate", "2.5e-4", "--clip-coef", "0.18"]
-BIPEDAL_FLAGS += ["--ent-coef", "0", "--compile", "--save-model"]
+BIPEDAL_FLAGS += ["--ent-coef", "0", "--gae-lambda", "0.95", "--max-grad-norm", "0.5", "--log-std-init", "0"]
+BIPEDAL_FLAGS += ["--target-kl", "None", "--compile", "--save-model"]
 BIPEDAL = ["ppo_continuous.py", "--env-id", "BipedalWalker-v3", *BIPEDAL_FLAGS]
 ZOO_ROLLOUT = ["--num-steps", "2048", "--num-minibatches", "1024"]  # 65,536 steps an update, minibatches of 64
 
@@ -121,16 +128,16 @@ def ppg_heldout(tag: str, flags: list[str], name: str, best: str) -> dict:
 # the best trial of `benchmarks/tune.py --preset continuous` (seeds 101-102), to three significant figures
 CONTINUOUS_TUNED = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.98"]
 CONTINUOUS_TUNED += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
-CONTINUOUS_TUNED += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+CONTINUOUS_TUNED += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "--target-kl", "None"]
 # the best trial of `benchmarks/tune.py --preset continuous-carry` (seeds 101-102, Hopper-v5 as well, judged by the
 # worst env): one it was given to try first, CONTINUOUS_TUNED with a longer horizon
 CONTINUOUS_CARRY = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.995"]
 CONTINUOUS_CARRY += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
-CONTINUOUS_CARRY += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+CONTINUOUS_CARRY += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "--target-kl", "None"]
 # the same study's second trial: CONTINUOUS_TUNED with gamma 0.99, between the two
 CONTINUOUS_CARRY_099 = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.99"]
 CONTINUOUS_CARRY_099 += ["--num-steps", "64", "--num-minibatches", "16", "--update-epochs", "10", "--ent-coef", "8.3e-3"]
-CONTINUOUS_CARRY_099 += ["--log-std-init", "0.142", "--max-grad-norm", "0.986"]
+CONTINUOUS_CARRY_099 += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "--target-kl", "None"]
 # that set with each update stopped at an approximate KL of 0.02: on MuJoCo the studies' sets took updates far larger
 # than the MuJoCo settings' (found on seeds 1-5, so judged on the continuous-fresh presets' seeds)
 CONTINUOUS_CARRY_KL = ["--learning-rate", "1.13e-3", "--gae-lambda", "0.929", "--clip-coef", "0.157", "--gamma", "0.99"]
@@ -139,11 +146,11 @@ CONTINUOUS_CARRY_KL += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "
 
 
 def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dict:
-    """ppo_continuous.py on one env, seeds 1-5 (the studies used 101-102): its defaults, the MuJoCo settings, the
+    """ppo_continuous.py on one env, seeds 1-5 (the studies used 101-102): its old defaults, the MuJoCo settings, the
     continuous study's best flags and the continuous-carry study's best and second."""
     return dict(
         configs=[
-            Config("defaults", ["ppo_continuous.py", "--env-id", env_id]),
+            Config("old_defaults", ["ppo_continuous.py", "--env-id", env_id, *PENDULUM_FLAGS]),
             Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
             Config("tuned", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_TUNED]),
             Config("carry", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY]),
@@ -157,11 +164,11 @@ def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dic
 
 
 def continuous_fresh(env_id: str, steps: int, threshold: float, tag: str) -> dict:
-    """ppo_continuous.py on one env, on seeds 6-10 that no study or probe saw: its defaults, the MuJoCo settings and
-    the KL-capped set."""
+    """ppo_continuous.py on one env, on seeds 6-10 that no study or probe saw: its old defaults, the MuJoCo settings
+    and the KL-capped set, its defaults since."""
     return dict(
         configs=[
-            Config("defaults", ["ppo_continuous.py", "--env-id", env_id]),
+            Config("old_defaults", ["ppo_continuous.py", "--env-id", env_id, *PENDULUM_FLAGS]),
             Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
             Config("carry_kl", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_KL]),
         ],
@@ -235,7 +242,10 @@ PRESETS: dict[str, dict] = {
         report=dict(name="atari_pong", threshold=0.0, title="PPO on PongNoFrameskip-v4 (CPU), bf16 and float32"),
     ),
     "continuous-pendulum": dict(
-        configs=[Config("continuous", ["ppo_continuous.py", "--env-id", "Pendulum-v1"])],
+        configs=[
+            Config("defaults", ["ppo_continuous.py", "--env-id", "Pendulum-v1"]),
+            Config("old_defaults", ["ppo_continuous.py", "--env-id", "Pendulum-v1", *PENDULUM_FLAGS]),
+        ],
         extra=["--total-timesteps", "200000"],
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="continuous_pendulum", threshold=-200.0, title="Tanh-Gaussian PPO on Pendulum-v1"),
@@ -264,7 +274,11 @@ PRESETS: dict[str, dict] = {
         configs=[
             Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
             for env_id in ("Walker2d-v5", "HalfCheetah-v5", "Hopper-v5")
-            for name, flags in (("defaults", []), ("mujoco_flags", MUJOCO_FLAGS), ("carry_kl", CONTINUOUS_CARRY_KL))
+            for name, flags in (
+                ("old_defaults", PENDULUM_FLAGS),
+                ("mujoco_flags", MUJOCO_FLAGS),
+                ("carry_kl", CONTINUOUS_CARRY_KL),
+            )
         ],
         extra=["--total-timesteps", "1000000"],
         seeds=[4, 5, 6],

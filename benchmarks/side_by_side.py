@@ -27,13 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 import tyro
 from report import machine, write_result
+from run import PENDULUM_FLAGS
 from sps import BUSY, RESULTS, ROOT, extract_commit, load_before
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # each script at its defaults, apart from the settings that make a run of a few tens of seconds with several iterations
 SCRIPTS = {
     "fsmn": (["ppo_fsmn_cartpole.py"], 40_960),
-    "continuous": (["ppo_continuous.py", "--env-id", "HalfCheetah-v5"], 61_440),
+    "continuous": (["ppo_continuous.py", "--env-id", "HalfCheetah-v5", *PENDULUM_FLAGS], 61_440),  # its old defaults
     "ppg": (["ppg_lunarlander.py", "--n-iteration", "8", "--num-minibatches", "64"], 98_304),  # aux phase every 8 iterations
     "atari": (["ppo_atari.py", "--env-id", "PongNoFrameskip-v4"], 10_240),
     "transformer": (["ppo_transformer_pong.py", "--env-id", "PongNoFrameskip-v4"], 10_240),

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import tyro
 from report import machine, write_result
+from run import PENDULUM_FLAGS  # ppo_continuous.py's old defaults, at which the SB3 pair was matched and measured
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +79,7 @@ PAIRS = {
         "4 minibatches",
     ),
     "continuous-halfcheetah": dict(
-        script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress"],
+        script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress", *PENDULUM_FLAGS],
         variants={
             "eager": [],
             "--compile": ["--compile"],

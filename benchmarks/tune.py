@@ -100,6 +100,7 @@ CONTINUOUS = dict(
         "log-std-init": {"type": "float", "low": -1.0, "high": 0.5},
         "max-grad-norm": {"type": "float", "low": 0.3, "high": 1.0},
     },
+    fixed={"target-kl": "None"},  # as the studies ran, before ppo_continuous.py's defaults capped each update's KL
     seeds=[101, 102],
     total_timesteps=60000,
     envs={
