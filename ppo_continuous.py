@@ -6,11 +6,12 @@ estimate. Observations and rewards are normalised by running statistics kept in 
 carry them.
 
     python ppo_continuous.py                          # Pendulum-v1
-    python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000    # the same defaults carry to MuJoCo
+    python ppo_continuous.py --env-id LunarLanderContinuous-v3 --total-timesteps 500000    # the same defaults
     python ppo_continuous.py --eval-interval 4        # evaluate every 4 iterations, keep the best in runs/<run>/best.pt
     python ppo_continuous.py --save-model             # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_continuous.py --compile                # torch.compile the rollout step and the minibatch loss
-Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_mujoco.md, continuous_bipedal.md."""
+Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_fresh_*.md, continuous_mujoco.md,
+continuous_bipedal.md."""
 
 import copy
 import glob

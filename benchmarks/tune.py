@@ -802,9 +802,19 @@ def open_study(args: Args, name: str, space: dict, storage):
     recorded = study.user_attrs.get("space")
     if recorded is None:
         study.set_user_attr("space", space)
-    elif {"aggregate": "mean", **recorded} != json.loads(json.dumps(space)):  # studies from before `aggregate`
+    elif in_todays_terms(recorded) != json.loads(json.dumps(space)):
         raise SystemExit(f"error: --study={name} exists with another search space: give another --study")
     return study
+
+
+def in_todays_terms(recorded: dict) -> dict:
+    """A stored study's space as it would be written today: studies from before `aggregate` averaged their envs, and
+    ppo_continuous.py's from before its defaults capped each update's KL ran at --target-kl None, which the continuous
+    presets now fix."""
+    space = {"aggregate": "mean", **recorded}
+    if space["script"] == "ppo_continuous.py" and "target-kl" not in space["fixed"]:
+        space["fixed"] = {**space["fixed"], "target-kl": "None"}
+    return space
 
 
 def write_report(study, space: dict, args: Args, name: str, out_dir: str) -> list[str]:
