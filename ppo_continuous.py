@@ -128,7 +128,7 @@ class Args:
     max_grad_norm: float = 0.986
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = 0.02
-    """stop an iteration's epochs after the first whose last minibatch has an approximate KL above this (None: never)"""
+    """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
     norm_reward: bool = True
     """scale rewards by the running std of the discounted return (saved in checkpoints)"""
     reward_clip: float = 10.0

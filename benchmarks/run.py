@@ -145,37 +145,27 @@ CONTINUOUS_CARRY_KL += ["--num-steps", "64", "--num-minibatches", "16", "--updat
 CONTINUOUS_CARRY_KL += ["--log-std-init", "0.142", "--max-grad-norm", "0.986", "--target-kl", "0.02"]
 
 
-def continuous_carry(env_id: str, steps: int, threshold: float, tag: str) -> dict:
-    """ppo_continuous.py on one env, seeds 1-5 (the studies used 101-102): its old defaults, the MuJoCo settings, the
-    continuous study's best flags and the continuous-carry study's best and second."""
+def continuous(envs: tuple[str, ...], flag_sets: dict, steps: int, seeds: list[int], report: dict) -> dict:
+    """ppo_continuous.py on each env with each named set of flags."""
     return dict(
         configs=[
-            Config("old_defaults", ["ppo_continuous.py", "--env-id", env_id, *PENDULUM_FLAGS]),
-            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
-            Config("tuned", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_TUNED]),
-            Config("carry", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY]),
-            Config("carry_gamma0.99", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_099]),
-            Config("carry_kl", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_KL]),
+            Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
+            for env_id in envs
+            for name, flags in flag_sets.items()
         ],
         extra=["--total-timesteps", str(steps)],
-        seeds=[1, 2, 3, 4, 5],
-        report=dict(name=f"continuous_carry_{tag}", threshold=threshold, title=f"Six default sets on {env_id}"),
+        seeds=seeds,
+        report=report,
     )
 
 
-def continuous_fresh(env_id: str, steps: int, threshold: float, tag: str) -> dict:
-    """ppo_continuous.py on one env, on seeds 6-10 that no study or probe saw: its old defaults, the MuJoCo settings
-    and the KL-capped set, its defaults since."""
-    return dict(
-        configs=[
-            Config("old_defaults", ["ppo_continuous.py", "--env-id", env_id, *PENDULUM_FLAGS]),
-            Config("mujoco_flags", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS]),
-            Config("carry_kl", ["ppo_continuous.py", "--env-id", env_id, *CONTINUOUS_CARRY_KL]),
-        ],
-        extra=["--total-timesteps", str(steps)],
-        seeds=[6, 7, 8, 9, 10],
-        report=dict(name=f"continuous_fresh_{tag}", threshold=threshold, title=f"Fresh seeds on {env_id}"),
-    )
+# seeds 1-5 (the studies used 101-102): the old defaults, the MuJoCo settings, the continuous study's best flags and
+# the continuous-carry study's best and second, and that second with its updates capped
+CARRY_SETS = dict(old_defaults=PENDULUM_FLAGS, mujoco_flags=MUJOCO_FLAGS, tuned=CONTINUOUS_TUNED)
+CARRY_SETS |= {"carry": CONTINUOUS_CARRY, "carry_gamma0.99": CONTINUOUS_CARRY_099, "carry_kl": CONTINUOUS_CARRY_KL}
+# seeds that no study or probe saw: the old defaults, the MuJoCo settings and the KL-capped set, the defaults since
+FRESH_SETS = dict(old_defaults=PENDULUM_FLAGS, mujoco_flags=MUJOCO_FLAGS, carry_kl=CONTINUOUS_CARRY_KL)
+MUJOCO = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 
 
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
@@ -250,48 +240,54 @@ PRESETS: dict[str, dict] = {
         seeds=[1, 2, 3, 4, 5],
         report=dict(name="continuous_pendulum", threshold=-200.0, title="Tanh-Gaussian PPO on Pendulum-v1"),
     ),
-    "continuous-carry-pendulum": continuous_carry("Pendulum-v1", 100000, -200.0, "pendulum"),
-    "continuous-carry-lunar": continuous_carry("LunarLanderContinuous-v3", 500000, 200.0, "lunar"),
-    "continuous-carry-mujoco": dict(
-        configs=[
-            Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
-            for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
-            for name, flags in (
-                ("mujoco_flags", MUJOCO_FLAGS),
-                ("tuned", CONTINUOUS_TUNED),
-                ("carry", CONTINUOUS_CARRY),
-                ("carry_gamma0.99", CONTINUOUS_CARRY_099),
-                ("carry_kl", CONTINUOUS_CARRY_KL),
-            )
-        ],
-        extra=["--total-timesteps", "1000000"],
-        seeds=[1, 2, 3],
-        report=dict(name="continuous_carry_mujoco", threshold=None, title="The continuous studies' flags on MuJoCo"),
+    "continuous-carry-pendulum": continuous(
+        ("Pendulum-v1",),
+        CARRY_SETS,
+        100000,
+        [1, 2, 3, 4, 5],
+        dict(name="continuous_carry_pendulum", threshold=-200.0, title="Six default sets on Pendulum-v1"),
     ),
-    "continuous-fresh-pendulum": continuous_fresh("Pendulum-v1", 100000, -200.0, "pendulum"),
-    "continuous-fresh-lunar": continuous_fresh("LunarLanderContinuous-v3", 500000, 200.0, "lunar"),
-    "continuous-fresh-mujoco": dict(
-        configs=[
-            Config(name, ["ppo_continuous.py", "--env-id", env_id, *flags])
-            for env_id in ("Walker2d-v5", "HalfCheetah-v5", "Hopper-v5")
-            for name, flags in (
-                ("old_defaults", PENDULUM_FLAGS),
-                ("mujoco_flags", MUJOCO_FLAGS),
-                ("carry_kl", CONTINUOUS_CARRY_KL),
-            )
-        ],
-        extra=["--total-timesteps", "1000000"],
-        seeds=[4, 5, 6],
-        report=dict(name="continuous_fresh_mujoco", threshold=None, title="Fresh seeds on MuJoCo"),
+    "continuous-carry-lunar": continuous(
+        ("LunarLanderContinuous-v3",),
+        CARRY_SETS,
+        500000,
+        [1, 2, 3, 4, 5],
+        dict(name="continuous_carry_lunar", threshold=200.0, title="Six default sets on LunarLanderContinuous-v3"),
     ),
-    "continuous-mujoco": dict(
-        configs=[
-            Config("continuous", ["ppo_continuous.py", "--env-id", env_id, *MUJOCO_FLAGS])
-            for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
-        ],
-        extra=["--total-timesteps", "1000000"],
-        seeds=[1, 2, 3],
-        report=dict(name="continuous_mujoco", threshold=None, title="Tanh-Gaussian PPO on MuJoCo, 1M steps"),
+    "continuous-carry-mujoco": continuous(
+        MUJOCO,
+        {name: flags for name, flags in CARRY_SETS.items() if name != "old_defaults"},
+        1000000,
+        [1, 2, 3],
+        dict(name="continuous_carry_mujoco", threshold=None, title="The continuous studies' flags on MuJoCo"),
+    ),
+    "continuous-fresh-pendulum": continuous(
+        ("Pendulum-v1",),
+        FRESH_SETS,
+        100000,
+        [6, 7, 8, 9, 10],
+        dict(name="continuous_fresh_pendulum", threshold=-200.0, title="Fresh seeds on Pendulum-v1"),
+    ),
+    "continuous-fresh-lunar": continuous(
+        ("LunarLanderContinuous-v3",),
+        FRESH_SETS,
+        500000,
+        [6, 7, 8, 9, 10],
+        dict(name="continuous_fresh_lunar", threshold=200.0, title="Fresh seeds on LunarLanderContinuous-v3"),
+    ),
+    "continuous-fresh-mujoco": continuous(
+        ("Walker2d-v5", "HalfCheetah-v5", "Hopper-v5"),
+        FRESH_SETS,
+        1000000,
+        [4, 5, 6],
+        dict(name="continuous_fresh_mujoco", threshold=None, title="Fresh seeds on MuJoCo"),
+    ),
+    "continuous-mujoco": continuous(
+        MUJOCO,
+        dict(continuous=MUJOCO_FLAGS),
+        1000000,
+        [1, 2, 3],
+        dict(name="continuous_mujoco", threshold=None, title="Tanh-Gaussian PPO on MuJoCo, 1M steps"),
     ),
     "continuous-bipedal": dict(
         configs=[
