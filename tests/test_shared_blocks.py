@@ -1,7 +1,7 @@
 """The `# TRY NOT TO MODIFY` blocks are word for word the same in every top-level script.
 
-A block runs from its marker line to the next `# TRY NOT TO MODIFY:` or `# ALGO LOGIC:` marker, or to the first line
-indented less than the marker, whichever comes first; trailing blank lines are not part of it."""
+A block runs from its marker line to the next `# TRY NOT TO MODIFY:`, `# ALGO LOGIC:` or `# ENGINEERING:` marker, or to
+the first line indented less than the marker, whichever comes first; trailing blank lines are not part of it."""
 
 import glob
 import os
@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import ROOT
 
-MARKER = re.compile(r"^(\s*)# (TRY NOT TO MODIFY|ALGO LOGIC): (.*)$")
+MARKER = re.compile(r"^(\s*)# (TRY NOT TO MODIFY|ALGO LOGIC|ENGINEERING): (.*)$")
 SCRIPTS = sorted(
     os.path.basename(path) for pattern in ("ppo_*.py", "ppg_*.py") for path in glob.glob(os.path.join(ROOT, pattern))
 )
@@ -67,7 +67,7 @@ def test_every_top_level_script_is_checked():
 def test_shared_blocks_are_identical_in_every_script():
     sources = read_sources()
     assert len(shared_blocks(sources[SCRIPTS[0]])) >= 9
-    assert "the opening of main (threads, device, names, the evaluation mode)" in shared_blocks(sources[SCRIPTS[0]])
+    assert "the run's life around the algorithm" in shared_blocks(sources[SCRIPTS[0]])
     problems = differences(sources)
     assert not problems, "\n".join(problems)
 
