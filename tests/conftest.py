@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +142,13 @@ def run_script(
     if expired.is_set():
         raise subprocess.TimeoutExpired(result.args, timeout, result.stdout, result.stderr)
     return result
+
+
+def copy_alone(script: str, folder) -> str:
+    """`script` copied into `folder`, empty until then, and nothing beside it: run from there (the project's root is
+    not on its path), it shows that the script needs no other file of the project. Returns the copy's path."""
+    assert not os.listdir(folder), os.listdir(folder)
+    return shutil.copy(os.path.join(ROOT, script), folder)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from conftest import (
     assert_one_line_error,
     assert_training_replays_the_rollout,
     assert_videos_reached_the_wandb_run,
+    copy_alone,
     import_script,
     read_scalars,
     run_dirs,
@@ -190,8 +191,9 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     """A tiny run: every tag, a checkpoint; then a resume to more steps in the same run, and an evaluation of one game,
     on Breakout, whose games end in a few hundred steps (Pong's take a thousand)."""
     cwd = str(tmp_path)
+    script = copy_alone(SCRIPT, cwd)  # alone in an empty folder: it needs no other file of the project
     flags = [*TINY, "--env-id", "BreakoutNoFrameskip-v4", *extra]
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
+    result = run_script(script, *flags, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
@@ -202,13 +204,13 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     assert checkpoint["script"] == "ppo_atari" and checkpoint["global_step"] == 96 and checkpoint["iteration"] == 3
     assert checkpoint["args"]["bf16"] == ("--bf16" in extra)
 
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
+    result = run_script(script, *flags, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert run_dirs(cwd) == [run_dir]
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
     assert torch.load(path, weights_only=True)["global_step"] == 160
 
-    result = run_script(SCRIPT, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
 

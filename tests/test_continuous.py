@@ -20,6 +20,7 @@ from conftest import (
     assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
     assert_videos_reached_the_wandb_run,
+    copy_alone,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -445,9 +446,10 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatc
 )
 def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, extra):
     cwd = str(tmp_path)
+    script = copy_alone(SCRIPT, cwd)  # alone in an empty folder: it needs no other file of the project
     flags = [*TINY, "--env-id", env_id, "--num-steps", str(steps), *extra]
     batch = 2 * steps
-    result = run_script(SCRIPT, *flags, "--total-timesteps", str(2 * batch), "--save-model", "--save-interval", "1", cwd=cwd)
+    result = run_script(script, *flags, "--total-timesteps", str(2 * batch), "--save-model", "--save-interval", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("settotalmass") <= 1 and "MUJOCO_LOG.TXT" not in os.listdir(cwd), result.stderr
     (run_dir,) = run_dirs(cwd)
@@ -467,14 +469,14 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert not glob.glob(os.path.join(run_dir, "*.tmp"))
 
     result = run_script(
-        SCRIPT, *flags, "--total-timesteps", str(3 * batch), "--save-model", "--resume", checkpoint_path, cwd=cwd
+        script, *flags, "--total-timesteps", str(3 * batch), "--save-model", "--resume", checkpoint_path, cwd=cwd
     )
     assert result.returncode == 0, result.stderr
     assert run_dirs(cwd) == [run_dir]
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch, 3 * batch]
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 3 * batch
 
-    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
 

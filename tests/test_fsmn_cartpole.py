@@ -21,6 +21,7 @@ from conftest import (
     assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
     assert_videos_reached_the_wandb_run,
+    copy_alone,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -457,7 +458,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatc
 @pytest.mark.smoke
 def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     cwd = str(tmp_path)
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "512", "--save-model", "--save-interval", "2", cwd=cwd)
+    script = copy_alone(SCRIPT, cwd)  # alone in an empty folder: it needs no other file of the project
+    result = run_script(script, *TINY, "--total-timesteps", "512", "--save-model", "--save-interval", "2", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
@@ -473,7 +475,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     assert not glob.glob(os.path.join(run_dir, "*.tmp"))
 
     # resume: the same run directory goes on from step 512 to 1024
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "1024", "--save-model", "--resume", checkpoint_path, cwd=cwd)
+    result = run_script(script, *TINY, "--total-timesteps", "1024", "--save-model", "--resume", checkpoint_path, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert run_dirs(cwd) == [run_dir]
     steps = [step for step, _ in read_scalars(run_dir)["charts/SPS"]]
@@ -481,11 +483,11 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 1024
 
     # nothing left to do is refused, not silently accepted
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "512", "--resume", checkpoint_path, cwd=cwd)
+    result = run_script(script, *TINY, "--total-timesteps", "512", "--resume", checkpoint_path, cwd=cwd)
     assert_one_line_error(result, "--total-timesteps=512", "1024")
 
     # evaluation: N whole episodes with the saved policy, mean and std printed
-    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 3 episodes, mean return" in result.stdout
 

@@ -14,6 +14,7 @@ from conftest import (
     assert_one_line_error,
     assert_same_seed_same_losses,
     assert_training_replays_the_rollout,
+    copy_alone,
     first_step_reaching,
     import_script,
     read_scalars,
@@ -170,7 +171,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(in_tmp, monkeypatc
 @pytest.mark.smoke
 def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     cwd = str(tmp_path)
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "512", "--save-model", "--save-interval", "2", cwd=cwd)
+    script = copy_alone(SCRIPT, cwd)  # alone in an empty folder: it needs no other file of the project
+    result = run_script(script, *TINY, "--total-timesteps", "512", "--save-model", "--save-interval", "2", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "the auxiliary phase keeps 2 x 32 x 4 steps" in result.stdout
     (run_dir,) = run_dirs(cwd)
@@ -178,10 +180,10 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     assert ITERATION_TAGS | EPISODE_TAGS | {"losses/aux/kl_loss", "losses/aux/aux_value_loss"} <= set(scalars)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 512
-    result = run_script(SCRIPT, *TINY, "--total-timesteps", "1024", "--resume", checkpoint_path, "--save-model", cwd=cwd)
+    result = run_script(script, *TINY, "--total-timesteps", "1024", "--resume", checkpoint_path, "--save-model", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]][-1] == 1024
-    result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("episode 1: return ")
     assert "\neval: 3 episodes, mean return" in result.stdout

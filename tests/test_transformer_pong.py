@@ -14,6 +14,7 @@ from conftest import (
     assert_evaluation_fires_after_a_lost_life,
     assert_one_line_error,
     assert_training_replays_the_rollout,
+    copy_alone,
     import_script,
     read_scalars,
     run_dirs,
@@ -338,8 +339,9 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     """A tiny run: every tag, a checkpoint; then a resume to more steps in the same run, and an evaluation of one game,
     on Breakout, whose games end in a few hundred steps (Pong's take a thousand)."""
     cwd = str(tmp_path)
+    script = copy_alone(SCRIPT, cwd)  # alone in an empty folder: it needs no other file of the project
     flags = [*TINY, "--env-id", "BreakoutNoFrameskip-v4", *extra]
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
+    result = run_script(script, *flags, "--total-timesteps", "96", "--save-model", "--save-interval", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
     assert ITERATION_TAGS <= set(read_scalars(run_dir))
@@ -348,12 +350,12 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     assert checkpoint["script"] == "ppo_transformer_pong" and checkpoint["global_step"] == 96
     assert checkpoint["args"]["lookback"] == (0 if extra else 16)
 
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
+    result = run_script(script, *flags, "--total-timesteps", "160", "--save-model", "--resume", path, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert run_dirs(cwd) == [run_dir]
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
 
-    result = run_script(SCRIPT, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
 

@@ -1,0 +1,56 @@
+"""Checkpoints written by the scripts at an earlier commit (tests/fixtures/README.md says which and how) still resume
+and evaluate: a change to the run's handling must keep every checkpoint a user has."""
+
+import lzma
+import os
+import shutil
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+SCRIPTS = ["ppo_fsmn_cartpole", "ppo_continuous", "ppg_lunarlander", "ppo_atari", "ppo_transformer_pong"]
+
+
+def place_fixture(script: str, folder: str) -> str:
+    """The fixture as its run left it, runs/<run_name>/checkpoint.pt under `folder`; returns that path, relative."""
+    source = os.path.join(FIXTURES, f"{script}.pt")
+    if os.path.exists(source):
+        checkpoint = torch.load(source, weights_only=True)
+    else:  # the large one, compressed
+        with lzma.open(f"{source}.xz") as f:
+            checkpoint = torch.load(f, weights_only=True)
+    path = os.path.join("runs", checkpoint["run_name"], "checkpoint.pt")
+    os.makedirs(os.path.join(folder, os.path.dirname(path)))
+    if os.path.exists(source):
+        shutil.copyfile(source, os.path.join(folder, path))
+    else:
+        with lzma.open(f"{source}.xz") as f, open(os.path.join(folder, path), "wb") as out:
+            shutil.copyfileobj(f, out)
+    return path
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_earlier_commits_checkpoint_resumes_and_evaluates(tmp_path, script):
+    cwd = str(tmp_path)
+    path = place_fixture(script, cwd)
+    before = torch.load(os.path.join(cwd, path), weights_only=True)
+    assert (before["iteration"], before["global_step"]) == (2, 256)
+
+    # one more iteration of 128 steps, with the checkpoint's own flags, in its own run folder
+    result = run_script(f"{script}.py", "--resume", path, "--total-timesteps", "384", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("note: ")] == [
+        "note: --total-timesteps=384 differs from the checkpoint's 256"
+    ]
+    after = torch.load(os.path.join(cwd, path), weights_only=True)
+    assert (after["iteration"], after["global_step"]) == (3, 384)
+    assert after["args"] == {**before["args"], "total_timesteps": 384, "num_iterations": 3, "resume": path}
+    assert after["model"].keys() == before["model"].keys()
+    assert any(not torch.equal(after["model"][k], before["model"][k]) for k in before["model"])  # it trained
+
+    result = run_script(f"{script}.py", "--eval-checkpoint", path, "--eval-episodes", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
