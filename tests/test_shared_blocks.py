@@ -83,3 +83,41 @@ def test_a_one_character_change_to_any_shared_block_is_caught(script):
             changed = {**sources, script: sources[script].replace(text, mutated, 1)}
             problems = differences(changed)
             assert any(f"block {name!r}" in problem and script in problem for problem in problems), (name, problems)
+
+
+def main_function(source: str) -> list[str]:
+    """The lines of `def main`, from its `def` to its last line (blank lines before the next top-level line left out)."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def main("))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace())
+    while not lines[end - 1].strip():
+        end -= 1
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_main_reads_as_the_algorithm(script):
+    """`main` stays short and reaches its rollout soon, as CleanRL's does (its first env step 62 lines in): the run's
+    handling is a call per moment of a run, below the banner."""
+    main = main_function(read_sources()[script])
+    rollout = next(i for i, line in enumerate(main) if "for step in range(args.num_steps)" in line)
+    assert len(main) <= 150, len(main)
+    assert rollout <= 65, rollout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_below_the_banner_only_the_shared_machinery_and_evaluation(script):
+    """Every function and class below the `# ---` banner is in a shared block or in the evaluation block: the env,
+    the network and the algorithm's functions stay above it, where a reader meets them first."""
+    lines = read_sources()[script].splitlines()
+    banner = next(i for i, line in enumerate(lines) if line.startswith("# ---"))
+    label = None
+    for line in lines[banner:]:
+        match = MARKER.match(line)
+        if match and not match.group(1):
+            label = f"{match.group(2)}: {match.group(3)}"
+        if line.startswith(("def ", "class ")):
+            assert label is not None and (label.startswith("TRY NOT TO MODIFY") or label == "ENGINEERING: evaluation"), (
+                line,
+                label,
+            )
