@@ -13,6 +13,7 @@ carry them.
 Results: README.md and benchmarks/results/continuous_pendulum.md, continuous_fresh_*.md, continuous_mujoco.md,
 continuous_bipedal.md."""
 
+import contextlib
 import copy
 import glob
 import hashlib
@@ -99,6 +100,7 @@ class Args:
     """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
+    # tuned values: benchmarks/results/tune_continuous_carry.md's best trial with gamma 0.99 plus --target-kl 0.02
     learning_rate: float = 1.13e-3
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -153,6 +155,8 @@ class Args:
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
     obs_clip: float = 10.0
     """clip normalised observations to [-obs_clip, obs_clip]"""
+
+    # ENGINEERING: speed and threads
     compile: bool = False
     """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
     threads: int = 0
@@ -432,30 +436,17 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
 
 
 def main(args: Args) -> None:
-    # TRY NOT TO MODIFY: the opening of main (threads, device, names, the evaluation mode)
-    cpu_reading = []  # free_cores' last reading
-    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    check_names(args)
+    # TRY NOT TO MODIFY: threads, device and names; --eval-checkpoint plays a saved policy instead of training
+    run = Run(args)
+    device = run.device
     if args.eval_checkpoint is not None:
         return run_evaluation(args, device)
 
-    # ALGO LOGIC: the env's flags, then the checkpoint to resume
+    # ENGINEERING: the env's flags, checked before anything is read or written
     check_env_args(args.env_id)
-    checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
 
-    # TRY NOT TO MODIFY: run name and folders (a resumed run goes on in its checkpoint's, from any folder)
-    if checkpoint:
-        run_name = checkpoint["run_name"]
-    else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir, video_dir, root = run_folders(run_name, args.resume)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    # a resumed run's videos are named from its first step: the earlier part's stay as they are
-    video_name = f"rl-video-step-{checkpoint.get('global_step', 0)}" if checkpoint else "rl-video"
-    video_path = os.path.join(video_dir, video_name)
-
-    # TRY NOT TO MODIFY: seeding
+    # TRY NOT TO MODIFY: the checkpoint to resume, the run's name and folders; seeding
+    run.prepare()
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -464,51 +455,22 @@ def main(args: Args) -> None:
     # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
     # a done step returns the next episode's first observation; the finished one's last is in info["final_obs"]
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, video_path) for i in range(args.num_envs)],
+        [make_env(args.env_id, i, args.capture_video, run.video_path) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs_dim = envs.single_observation_space.shape[0]
-
     agent = Agent(obs_dim, envs.single_action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # the same parameters compiled or not; `agent` is what gets saved
-    get_action_and_value, loss_fn = (
-        torch.compile(f) if args.compile else f for f in (agent.get_action_and_value, minibatch_loss)
-    )
+    get_action_and_value, loss_fn = agent.get_action_and_value, minibatch_loss
+    if args.compile:  # the same parameters, compiled; `agent` is what gets saved
+        get_action_and_value, loss_fn = torch.compile(get_action_and_value), torch.compile(loss_fn)
 
     # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = 1, 0
-    if checkpoint:
-        # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
-        saved = checkpoint["args"]
-        differing = [
-            f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
-            for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
-            if saved[flag] != getattr(args, flag)
-        ]
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except RuntimeError:
-            why = "; ".join(differing) or "no flag differs (another version?)"
-            refused = f"--resume={args.resume} holds a network of another shape"
-            raise SystemExit(f"error: {refused}; {why}") from None
-        try:
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-            set_rng_states(checkpoint["rng_states"])
-        except (KeyError, TypeError, ValueError):
-            raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
-        for line in differing:
-            print(f"note: {line}")
-        if start_iteration > args.num_iterations:
-            refused = f"--total-timesteps={args.total_timesteps}"
-            raise SystemExit(f"error: {refused} must exceed the checkpoint's {global_step}")
+    start_iteration, global_step = run.restore(agent, optimizer)
 
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
-    # what the env returns stays in numpy until the rollout ends
-    obs_shape = envs.single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)  # raw observations
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...); what the env returns stays in numpy until the rollout ends
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
     # pre-squash samples u, not env actions
     actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -516,59 +478,22 @@ def main(args: Args) -> None:
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # V(final obs) of truncated steps
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     discounted_returns = np.zeros(args.num_envs)  # running episodes' discounted returns, for reward scaling
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
-    # TRY NOT TO MODIFY: tracking and logging, once every check has passed (a refused run writes nothing)
-    if args.total_timesteps % args.batch_size:
-        trained = args.num_iterations * args.batch_size
-        warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        why = f"cannot create {run_dir} ({e.strerror}); run from a folder you can write to"
-        raise SystemExit(f"error: {why}") from None
-    wandb_run = start_wandb(args, run_name, root, "train") if args.track else None
-    # an earlier part's videos, logged then
-    logged_videos = set(glob.glob(os.path.join(glob.escape(video_dir), "*.mp4")))
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    print(f"logging to {run_dir}")
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, next_line = time.time(), global_step, time.time() + PLAIN_LINE_SECONDS
-    recent_returns, done_iteration, last_good = [], start_iteration - 1, None
-    progress = tqdm(range(start_iteration, args.num_iterations + 1), disable=not args.progress)
-    # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
-    # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
-    interrupts = []
-
-    def on_interrupt(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) > 1:
-            raise KeyboardInterrupt
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
-
-    try:
-        for iteration in progress:
-            # the cores other processes leave free: runs side by side share them
-            if not args.threads and device.type == "cpu":
-                torch.set_num_threads(min(TORCH_THREADS, free_cores(cpu_reading)))
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
+    # TRY NOT TO MODIFY: start the game (TensorBoard, W&B and the Ctrl-C flag; at the end the logs and the last checkpoint)
+    with run.start(envs):
+        for iteration in run.iterations():
+            if args.anneal_lr:  # Annealing the rate if instructed to do so.
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
             final_values.zero_()
             for step in range(args.num_steps):
-                if interrupts:
-                    raise KeyboardInterrupt
+                run.check_interrupt()
                 global_step += args.num_envs
                 obs[step] = next_obs
 
@@ -591,18 +516,7 @@ def main(args: Args) -> None:
                         final_value = agent.get_value(agent.obs_norm(final_obs))
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-                # TRY NOT TO MODIFY: episode statistics
-                if "episode" in infos:
-                    finished = infos["_episode"]
-                    for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-                if not args.progress and time.time() >= next_line:  # a plain line in logs without a bar
-                    next_line = time.time() + PLAIN_LINE_SECONDS
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    print(f"step {global_step}: {status(recent_returns, sps)}", flush=True)
+                run.log_episodes(infos, global_step)
 
             # ALGO LOGIC: reward scaling by the running std of the discounted return, not of the reward (Engstrom
             # et al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), statistics updated first
@@ -649,85 +563,222 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record losses (averaged over all minibatches, one host sync per iteration)
-            finite = [p.isfinite().all() for p in agent.parameters()]
-            weights_finite = torch.stack(finite).all().float().view(1)
-            *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-            losses = dict(zip(LOSS_NAMES, means))
-            if not (np.isfinite(losses["loss"]) and weights_finite):
-                kept = "; the last complete iteration's checkpoint is kept" if args.save_model else ""
-                advice = f"lower --learning-rate or --max-grad-norm{kept}"
-                raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
-            var_y = torch.var(returns)
-            explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-            for name, value in {**losses, "explained_variance": explained_var}.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            progress.set_postfix_str(status(recent_returns, sps), refresh=False)
-            if wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
-                log_new_videos(wandb_run, video_dir, logged_videos)
+            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches) and its checkpoint
+            run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            run.save(iteration, global_step, agent, optimizer)
 
-            # ALGO LOGIC: periodic evaluation; best.pt keeps the best policy so far, across --resume
-            # (Ctrl-C waits for it)
+            # ENGINEERING: periodic evaluation, the best policy so far kept in best.pt (Ctrl-C waits for it)
             if args.eval_interval and iteration % args.eval_interval == 0:
-                # training's RNG untouched
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-                    eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
-                eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run_dir, "best.pt")
-                writer.add_scalar("charts/eval_return", eval_return, global_step)
-                if not os.path.isfile(best_path) or eval_return > load_checkpoint(best_path, "best.pt")["eval_return"]:
-                    best = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
-                    save_checkpoint(best_path, {**best, "eval_return": eval_return})
-                    said = f"eval return {eval_return:.2f}, the best so far: {best_path}"
-                    progress.write(f"step {global_step}: {said}")
+                evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
 
-            # TRY NOT TO MODIFY: periodic checkpoint
-            done_iteration = iteration
-            if args.save_model:  # a snapshot of this complete iteration: what Ctrl-C or an error saves later
-                snapshot = make_checkpoint(args, run_name, agent, optimizer, iteration, global_step)
-                last_good = copy.deepcopy(snapshot)
-                if iteration % args.save_interval == 0:
-                    save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
-        if last_good is not None:
-            kept = f"the logs and the checkpoint of iteration {last_good['iteration']}"
+
+# ----------------------------------------------------------------------------------------------------------
+# Below main, what a reader of the algorithm needs last: the run's handling (the same in every script: its
+# life, torch threads, checkpoints, the run's helpers), then evaluation.
+# ----------------------------------------------------------------------------------------------------------
+
+
+# TRY NOT TO MODIFY: the run's life around the algorithm
+class Run:
+    """A training run's handling, one call for each moment of its life: `Run(args)` sets torch's threads and the
+    device and checks the names; `prepare()` reads the checkpoint to resume and names the run and its folders;
+    `restore(agent, optimizer)` loads that checkpoint; `with start(envs):` opens TensorBoard, W&B, the progress bar
+    and the Ctrl-C flag and, however the run ends (done, an error, Ctrl-C), keeps the logs and the last good
+    checkpoint; inside it `iterations()`, then at every env step `check_interrupt()` and `log_episodes(...)`, and
+    `record(...)` and `save(...)` once an iteration is complete."""
+
+    def __init__(self, args: Args):
+        self.args, self.cpu_reading = args, []  # free_cores' last reading
+        torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(self.cpu_reading)))
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        check_names(args)
+
+    def prepare(self) -> None:
+        """The checkpoint to resume, and the run's name and folders: a resumed run goes on in its checkpoint's, from
+        any folder."""
+        args = self.args
+        self.checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+        if self.checkpoint:
+            self.name = self.checkpoint["run_name"]
         else:
-            why = "no iteration completed" if args.save_model else "no --save-model"
-            kept = f"the logs; no checkpoint: {why}"
-        print(f"interrupted during iteration {done_iteration + 1}; keeping {kept}")
-        raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
-    finally:
-        # TRY NOT TO MODIFY: on success, error or Ctrl-C, keep the logs and the last good checkpoint
-        # (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        seconds = time.time() - start_time
-        progress.close()
-        not_saved = None
-        if last_good is not None:
+            self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.dir, self.video_dir, self.root = run_folders(self.name, args.resume)
+        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        # a resumed run's videos are named from its first step: the earlier part's stay as they are
+        video_name = f"rl-video-step-{self.checkpoint.get('global_step', 0)}" if self.checkpoint else "rl-video"
+        self.video_path = os.path.join(self.video_dir, video_name)
+
+    def restore(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+        """The first iteration and global step: 1 and 0, or the checkpoint's next ones, its weights, optimizer and
+        RNG states loaded."""
+        args, checkpoint = self.args, self.checkpoint
+        self.start_iteration, self.global_step = 1, 0
+        if checkpoint:
+            # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+            saved = checkpoint["args"]
+            differing = [
+                f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
+                for flag in (f.name for f in fields(Args) if f.init and f.name != "resume" and f.name in saved)
+                if saved[flag] != getattr(args, flag)
+            ]
             try:
-                save_checkpoint(checkpoint_path, last_good, args.keep_checkpoints)
-            except SystemExit as e:  # a full disk: said once the logs are closed
-                not_saved = e
-        writer.close()
-        envs.close()
-        if wandb_run is not None:
-            log_new_videos(wandb_run, video_dir, logged_videos)
-            wandb_run.finish()
-        signal.signal(signal.SIGINT, previous_handler)
-        saved = None if not_saved else last_good
-        sps = int((global_step - start_step) / seconds)
-        summarize(run_dir, checkpoint_path, saved, global_step, sps, seconds, recent_returns)
-        if not_saved is not None:
-            raise not_saved
+                agent.load_state_dict(checkpoint["model"])
+            except RuntimeError:
+                why = "; ".join(differing) or "no flag differs (another version?)"
+                refused = f"--resume={args.resume} holds a network of another shape"
+                raise SystemExit(f"error: {refused}; {why}") from None
+            try:
+                optimizer.load_state_dict(checkpoint["optimizer"])
+                self.start_iteration, self.global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+                set_rng_states(checkpoint["rng_states"])
+            except (KeyError, TypeError, ValueError):
+                raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+            for line in differing:
+                print(f"note: {line}")
+            if self.start_iteration > args.num_iterations:
+                refused = f"--total-timesteps={args.total_timesteps}"
+                raise SystemExit(f"error: {refused} must exceed the checkpoint's {self.global_step}")
+        return self.start_iteration, self.global_step
 
+    @contextlib.contextmanager
+    def start(self, envs):
+        """TensorBoard, W&B, the progress bar and the Ctrl-C flag, opened once every check has passed (a refused run
+        writes nothing); on leaving, however the run ended, the last good checkpoint is written and the logs closed
+        (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)."""
+        args = self.args
+        if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:  # a budget given
+            trained = args.num_iterations * args.batch_size
+            warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            why = f"cannot create {self.dir} ({e.strerror}); run from a folder you can write to"
+            raise SystemExit(f"error: {why}") from None
+        self.wandb_run = start_wandb(args, self.name, self.root, "train") if args.track else None
+        # an earlier part's videos, logged then
+        self.logged_videos = set(glob.glob(os.path.join(glob.escape(self.video_dir), "*.mp4")))
+        self.writer = SummaryWriter(self.dir)
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        print(f"logging to {self.dir}")
 
-# ----------------------------------------------------------------------------------------------------------
-# Below main, what a reader of the algorithm needs last: torch threads, checkpoints and the run's helpers (the
-# same in every script), then evaluation.
-# ----------------------------------------------------------------------------------------------------------
+        self.start_time, self.start_step, self.next_line = time.time(), self.global_step, time.time() + PLAIN_LINE_SECONDS
+        self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
+        self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
+        # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+        # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+        self.interrupts = []
+
+        def on_interrupt(signum, frame):
+            self.interrupts.append(signum)
+            if len(self.interrupts) > 1:
+                raise KeyboardInterrupt
+
+        previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            yield self
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+            if self.last_good is not None:
+                kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
+            else:
+                why = "no iteration completed" if args.save_model else "no --save-model"
+                kept = f"the logs; no checkpoint: {why}"
+            print(f"interrupted during iteration {self.done_iteration + 1}; keeping {kept}")
+            raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            seconds = time.time() - self.start_time
+            self.progress.close()
+            not_saved = None
+            if self.last_good is not None:
+                try:
+                    save_checkpoint(self.checkpoint_path, self.last_good, args.keep_checkpoints)
+                except SystemExit as e:  # a full disk: said once the logs are closed
+                    not_saved = e
+            self.writer.close()
+            envs.close()
+            if self.wandb_run is not None:
+                log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
+                self.wandb_run.finish()
+            signal.signal(signal.SIGINT, previous_handler)
+            saved = None if not_saved else self.last_good
+            sps = int((self.global_step - self.start_step) / seconds)
+            summarize(self.dir, self.checkpoint_path, saved, self.global_step, sps, seconds, self.recent_returns)
+            if not_saved is not None:
+                raise not_saved
+
+    def iterations(self):
+        """The iterations to run, torch's threads set before each to the cores other processes leave free: runs side
+        by side share them."""
+        for iteration in self.progress:
+            if not self.args.threads and self.device.type == "cpu":
+                torch.set_num_threads(min(TORCH_THREADS, free_cores(self.cpu_reading)))
+            yield iteration
+
+    def check_interrupt(self) -> None:
+        """At every env step: a Ctrl-C since the last one ends the run here."""
+        if self.interrupts:
+            raise KeyboardInterrupt
+
+    def sps(self) -> int:
+        return int((self.global_step - self.start_step) / (time.time() - self.start_time))
+
+    def log_episodes(self, infos: dict, global_step: int) -> None:
+        """After every env step: each finished episode's return and length; without a progress bar, a plain line
+        of progress at least every PLAIN_LINE_SECONDS."""
+        self.global_step = global_step
+        if "episode" in infos:
+            finished = infos["_episode"]
+            for r, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                self.writer.add_scalar("charts/episodic_return", r, global_step)
+                self.writer.add_scalar("charts/episodic_length", length, global_step)
+                self.recent_returns = (self.recent_returns + [float(r)])[-20:]
+        if not self.args.progress and time.time() >= self.next_line:  # a plain line in logs without a bar
+            self.next_line = time.time() + PLAIN_LINE_SECONDS
+            print(f"step {global_step}: {status(self.recent_returns, self.sps())}", flush=True)
+
+    def record(
+        self,
+        iteration: int,
+        global_step: int,
+        agent: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        stats: list[torch.Tensor],
+        returns: torch.Tensor,
+        values: torch.Tensor,
+    ) -> None:
+        """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
+        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run."""
+        self.global_step = global_step
+        finite = [p.isfinite().all() for p in agent.parameters()]
+        weights_finite = torch.stack(finite).all().float().view(1)
+        *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
+        losses = dict(zip(LOSS_NAMES, means))
+        if not (np.isfinite(losses["loss"]) and weights_finite):
+            kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
+            advice = f"lower --learning-rate or --max-grad-norm{kept}"
+            raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
+        var_y = torch.var(returns)
+        explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
+        sps = self.sps()
+        self.writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+        for name, value in {**losses, "explained_variance": explained_var}.items():
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)
+        if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
+            log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
+
+    def save(self, iteration: int, global_step: int, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """A snapshot of this complete iteration, what Ctrl-C or an error saves later; written every
+        --save-interval iterations."""
+        self.done_iteration = iteration
+        if self.args.save_model:
+            snapshot = make_checkpoint(self.args, self.name, agent, optimizer, iteration, global_step)
+            self.last_good = copy.deepcopy(snapshot)
+            if iteration % self.args.save_interval == 0:
+                save_checkpoint(self.checkpoint_path, self.last_good, self.args.keep_checkpoints)
 
 
 # TRY NOT TO MODIFY: torch threads
@@ -967,7 +1018,7 @@ def run_evaluation(args: Args, device: torch.device) -> None:
         wandb_run.finish()
 
 
-# ALGO LOGIC: evaluation
+# ENGINEERING: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
@@ -1032,6 +1083,20 @@ def play(
             print(f"episode {episode + 1}: return {total:.2f}")
     env.close()
     return returns
+
+
+def evaluate_and_keep_best(run: Run, agent: Agent, optimizer: torch.optim.Optimizer, iteration: int, global_step: int) -> None:
+    """--eval-interval: play --eval-episodes with the policy in training (training's RNG untouched) and log their
+    mean return; best.pt keeps the best policy so far, across --resume."""
+    args, device = run.args, run.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
+    eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run.dir, "best.pt")
+    run.writer.add_scalar("charts/eval_return", eval_return, global_step)
+    if not os.path.isfile(best_path) or eval_return > load_checkpoint(best_path, "best.pt")["eval_return"]:
+        best = make_checkpoint(args, run.name, agent, optimizer, iteration, global_step)
+        save_checkpoint(best_path, {**best, "eval_return": eval_return})
+        run.progress.write(f"step {global_step}: eval return {eval_return:.2f}, the best so far: {best_path}")
 
 
 if __name__ == "__main__":
