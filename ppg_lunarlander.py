@@ -577,8 +577,9 @@ def main(args: Args) -> None:
                 for name, value in aux_stats.items():
                     run.writer.add_scalar(f"losses/aux/{name}", value, global_step)
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches) and its checkpoint
+            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            # TRY NOT TO MODIFY: keep the iteration's checkpoint
             run.save(iteration, global_step, agent, optimizer)
 
 

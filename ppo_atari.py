@@ -316,7 +316,7 @@ class Agent(nn.Module):
         probs = Categorical(logits=logits, validate_args=False)  # no check: CUDA graphs hold no host sync
         if action is None:
             # torch.distributions' sampler: the Gumbel-max one of the FSMN and PPG scripts is no faster here
-            # (benchmarks/results/sps_atari_pong_against_65b7b5a.md, sps_transformer_pong_against_65b7b5a.md)
+            # (benchmarks/results/sps_rollout_sampling.md)
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), value
 
@@ -574,8 +574,9 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches) and its checkpoint
+            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            # TRY NOT TO MODIFY: keep the iteration's checkpoint
             run.save(iteration, global_step, agent, optimizer)
 
 

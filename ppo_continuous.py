@@ -563,13 +563,13 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches) and its checkpoint
+            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
-            run.save(iteration, global_step, agent, optimizer)
-
             # ENGINEERING: periodic evaluation, the best policy so far kept in best.pt (Ctrl-C waits for it)
             if args.eval_interval and iteration % args.eval_interval == 0:
                 evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
+            # TRY NOT TO MODIFY: keep the iteration's checkpoint
+            run.save(iteration, global_step, agent, optimizer)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1086,10 +1086,9 @@ def play(
 
 
 def evaluate_and_keep_best(run: Run, agent: Agent, optimizer: torch.optim.Optimizer, iteration: int, global_step: int) -> None:
-    """--eval-interval: play --eval-episodes with the policy in training (training's RNG untouched) and log their
-    mean return; best.pt keeps the best policy so far, across --resume."""
+    """--eval-interval: log the policy's mean return over --eval-episodes; best.pt keeps the best so far, across --resume."""
     args, device = run.args, run.device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():  # training's RNG untouched
         eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)
     eval_return, best_path = float(np.mean(eval_returns)), os.path.join(run.dir, "best.pt")
     run.writer.add_scalar("charts/eval_return", eval_return, global_step)

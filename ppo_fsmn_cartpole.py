@@ -667,8 +667,9 @@ def main(args: Args) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches) and its checkpoint
+            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            # TRY NOT TO MODIFY: keep the iteration's checkpoint
             run.save(iteration, global_step, agent, optimizer)
 
 
