@@ -147,6 +147,8 @@ class Args:
     """look-back stride S of the taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S; the blocks reach blocks x N x S steps"""
     memory_decay: bool = False
     """also an episode-long memory in every block: its hidden states summed with learned per-channel decays"""
+    memory_gate: bool = False
+    """in place of --memory-decay, an episode-long memory in every block whose writes and decays the input gates"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -201,6 +203,8 @@ class Args:
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
+            # the gate's memory holds the decayed sum as its case of input-blind gates: both would be two of one kind
+            ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
         ):
             if not accepted:
                 raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
@@ -301,10 +305,10 @@ class RunningNorm(nn.Module):
 
 
 def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay, or 0 at an episode start.
-    A linear recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes over the whole
-    sequence instead of T steps: products of decays only, no exponent that could overflow.
-    u: (T, B, H); e: (B, H); decay: (H,) in (0, 1); starts: (T, B) bool. Returns e_t, (T, B, H)."""
+    """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay (decay_t, per step), or 0 at
+    an episode start. A linear recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes
+    over the whole sequence instead of T steps: products of decays only, no exponent that could overflow.
+    u: (T, B, H); e: (B, H); decay: (H,) or (T, B, H), in [0, 1]; starts: (T, B) bool. Returns e_t, (T, B, H)."""
     a = decay * ~starts.unsqueeze(-1)  # (T, B, H): a_t, 0 where an episode starts
     u = torch.cat([u[:1] + a[:1] * e, u[1:]])  # e_{-1} enters through step 0
     # after the pass of lag k: u_t = sum over s in (t-2k, t] of a_{s+1}...a_t u_s (s >= 0),
@@ -325,15 +329,22 @@ class FSMNBlock(nn.Module):
         h_t = tanh(W_in x_t)                        linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
             [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
+            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     or with --memory-gate, e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
 
     S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the
-    whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). The taps
-    and d start at zero: the block starts memoryless and learns how much of the past to use."""
+    whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). With
+    --memory-gate the input decides, step by step, how much e forgets and what it writes: f_t = sigmoid(W_f x_t +
+    b_f), i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t (minGRU's and HGRN's input-dependent decay, Feng et al.
+    2024, arXiv 2410.01201; Qin et al. 2023, arXiv 2311.04823), still a linear recurrence: one scan over a
+    sequence. The taps and d start at zero: the block starts memoryless and learns how much of the past to use."""
 
-    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False):
+    def __init__(
+        self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False, memory_gate: bool = False
+    ):
         super().__init__()
         self.memory_order, self.memory_stride, self.memory_decay = memory_order, memory_stride, memory_decay
+        self.memory_gate = memory_gate
         self.proj_in = layer_init(nn.Linear(dim, dim))
         self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
         if memory_decay:
@@ -342,6 +353,15 @@ class FSMNBlock(nn.Module):
             horizons = torch.logspace(math.log10(2), math.log10(200), dim)
             self.decay_logits = nn.Parameter(torch.log(horizons - 1))
             self.decay_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
+        if memory_gate:
+            # W_f, W_i, W_v in one projection (3H, H). W_f starts at zero, so the forget gate starts as fixed
+            # decays whose horizons 1/(1-f) span 2 to 1000 steps (a whole episode), log-uniform over the channels
+            self.gate = layer_init(nn.Linear(dim, 3 * dim))
+            horizons = torch.logspace(math.log10(2), math.log10(1000), dim)
+            with torch.no_grad():
+                self.gate.weight[:dim] = 0.0
+                self.gate.bias[:dim] = torch.log(horizons - 1)
+            self.gate_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
         self.proj_out = layer_init(nn.Linear(dim, dim))
         self.norm = nn.LayerNorm(dim)
 
@@ -354,9 +374,14 @@ class FSMNBlock(nn.Module):
         gain = torch.sqrt(torch.sigmoid(-self.decay_logits) * (1 + torch.sigmoid(self.decay_logits)))
         return torch.sigmoid(self.decay_logits), gain
 
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """--memory-gate's forget gate f_t and write i_t * v_t, (..., H) each, from x (..., H)."""
+        forget, write, value = self.gate(x).chunk(3, dim=-1)
+        return torch.sigmoid(forget), torch.sigmoid(write) * value
+
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with
-        --memory-decay, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
+        --memory-decay or --memory-gate, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
         span = self.memory_order * self.memory_stride
         h = torch.tanh(self.proj_in(x))  # (B, H)
         window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
@@ -367,6 +392,11 @@ class FSMNBlock(nn.Module):
             decay, gain = self.decay()
             e = decay * memory[:, span] + gain * h  # (B, H)
             m = m + self.decay_weights * e
+            new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
+        if self.memory_gate:
+            forget, write = self.gates(x)  # (B, H) each
+            e = forget * memory[:, span] + write  # (B, H)
+            m = m + self.gate_weights * e
             new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
         return self.norm(x + self.proj_out(m)), new_memory
 
@@ -388,22 +418,25 @@ class FSMNBlock(nn.Module):
         if self.memory_decay:
             decay, gain = self.decay()
             m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)
+        if self.memory_gate:
+            forget, write = self.gates(x)  # (T, B, H) each: a decay per step
+            m = m + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)
         return self.norm(x + self.proj_out(m))
 
 
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value
     head (std 1). Its memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none), and with
-    --memory-decay one more slot at the end for every block's decayed sum e: (L, B, N*S+1, H)."""
+    --memory-decay or --memory-gate one more slot at the end for every block's e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
-        self.memory_stride, self.memory_decay = args.memory_stride, args.memory_decay
+        self.memory_stride, self.memory_decay, self.memory_gate = args.memory_stride, args.memory_decay, args.memory_gate
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
         self.blocks = nn.ModuleList(
-            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride, args.memory_decay)
+            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride, args.memory_decay, args.memory_gate)
             for _ in range(args.num_blocks)
         )
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
@@ -421,7 +454,8 @@ class Agent(nn.Module):
         return torch.cat([x, one_hot], dim=-1)
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
-        slots = self.memory_order * self.memory_stride + self.memory_decay  # N*S, the oldest tap's lag [+1: e]
+        # N*S, the oldest tap's lag [+1: e]
+        slots = self.memory_order * self.memory_stride + (self.memory_decay or self.memory_gate)
         return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, slots, H)
 
     def get_states(self, x, memory, episode_starts):

@@ -43,9 +43,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
   popgym               POPGym's PositionOnlyCartPole, RepeatPrevious, RepeatFirst, CountRecall and Autoencode (Easy),
                        3 seeds, 400k steps: ppo_fsmn_cartpole.py at its defaults, with a memory as long as an episode
-                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), its memoryless
-                       ablation (memory order 0), and sb3-contrib RecurrentPPO given the same observation, previous
-                       action and PPO settings (the defaults', and the study's best).
+                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), that with --memory-gate
+                       (`fsmn_gate`), its memoryless ablation (memory order 0), and sb3-contrib RecurrentPPO given the
+                       same observation, previous action and PPO settings (the defaults', and the study's best).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
@@ -176,6 +176,8 @@ LSTM = ["benchmarks/peers.py", "recurrent-ppo", "--prev-action", "--fsmn-setting
 # settings, which the LSTM gets as well, and its memory order
 POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coef", "0.200", "--update-epochs", "9"]
 POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
+# fsmn_tuned's memory with the input-gated memory of issue 58 in every block: the one flag between the two configs
+POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
@@ -198,6 +200,7 @@ PRESETS: dict[str, dict] = {
                 Config("fsmn", ["ppo_fsmn_cartpole.py", "--env-id", env_id]),
                 Config("fsmn_m32", ["ppo_fsmn_cartpole.py", "--env-id", env_id, "--memory-order", "32"]),
                 Config("fsmn_tuned", ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO, "--memory-order", "16"]),
+                Config("fsmn_gate", ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO, *POPGYM_GATE]),
                 Config("fsmn_m0", ["ppo_fsmn_cartpole.py", "--env-id", env_id, "--memory-order", "0"]),
                 Config("sb3_recurrent_ppo", [*LSTM, "--env-id", env_id]),
                 Config("sb3_recurrent_ppo_tuned", [*LSTM, "--env-id", env_id, *POPGYM_PPO]),

@@ -42,6 +42,7 @@ KINDS = [
     (["--max-grad-norm", "-1.0"], "--max-grad-norm=-1.0"),
     (["--target-kl", "0.0"], "--target-kl=0.0"),
     (["--memory-stride", "0"], "--memory-stride=0"),
+    (["--memory-gate", "--memory-decay"], "--memory-decay=True"),
 ]
 
 

@@ -36,17 +36,39 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 PENDULUM = "popgym-NoisyPositionOnlyPendulumEasy-v0"  # POPGym's continuous-action task
 
 
+# the episode-long memory of every block: none, --memory-decay's fixed decays, or --memory-gate's input-gated ones
+LONG_MEMORIES = ["none", "decay", "gate"]
+
+
+def long_memory_flags(long_memory: str) -> dict:
+    return dict(memory_decay=long_memory == "decay", memory_gate=long_memory == "gate")
+
+
+def randomize_long_memory(block) -> None:
+    """Random read-out weights d (they start at zero, which would hide a wrong memory); --memory-decay's decays spread
+    wider than the initial ones, from a horizon of 1 step to 400; --memory-gate's forget gate made input-dependent
+    (W_f starts at zero) around the same spread of biases."""
+    dim = block.taps.shape[1]
+    with torch.no_grad():
+        if block.memory_decay:
+            block.decay_weights.normal_(0.0, 0.5)
+            block.decay_logits.copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
+        if block.memory_gate:
+            block.gate_weights.normal_(0.0, 0.5)
+            block.gate.weight[:dim].normal_(0.0, 1.0)
+            block.gate.bias[:dim].copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
+
+
 def random_agent(
-    memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1, memory_decay: bool = False
+    memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1, long_memory: str = "none"
 ) -> "p.Agent":
-    """An agent whose memory taps (and decayed-sum weights d) are random: they start at zero, which would hide a wrong
-    tap; with --memory-decay, its decays are spread wider than the initial ones, from a horizon of 1 step to 400."""
+    """An agent whose memory taps and long-memory weights are random (`randomize_long_memory`)."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
     args = p.Args(
         memory_order=memory_order,
         memory_stride=memory_stride,
-        memory_decay=memory_decay,
+        **long_memory_flags(long_memory),
         num_blocks=num_blocks,
         hidden_dim=16,
         prev_action=False,
@@ -55,9 +77,7 @@ def random_agent(
     with torch.no_grad():
         for block in agent.blocks:
             block.taps.normal_(0.0, 0.5)
-            if memory_decay:
-                block.decay_weights.normal_(0.0, 0.5)
-                block.decay_logits.copy_(torch.linspace(-3.0, 6.0, 16)[torch.randperm(16)])
+            randomize_long_memory(block)
     return agent
 
 
@@ -85,7 +105,8 @@ def run_sequence(agent, obs: torch.Tensor, memory: torch.Tensor, starts: torch.T
 def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
     """One FSMN block written as the paper's formula with a plain Python loop over time, for B environments at once:
     h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-iS} (only steps of the same episode) [+ d e_t, with
-    e_t = lambda e_{t-1} + sqrt(1 - lambda^2) h_t, e = 0 before the episode, lambda = sigmoid(decay_logits)];
+    e_t = lambda e_{t-1} + sqrt(1 - lambda^2) h_t, e = 0 before the episode, lambda = sigmoid(decay_logits); or with
+    the gate e_t = f_t e_{t-1} + i_t v_t, f_t = sigmoid(W_f x_t + b_f), i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t];
     y_t = LayerNorm(x_t + W_out m_t). xs: T tensors (B, H); starts: (T, B) bool, episode starts."""
     hs, outputs, episode_begin = [], [], torch.zeros(starts.shape[1], dtype=torch.long)
     e = torch.zeros_like(xs[0])
@@ -102,6 +123,12 @@ def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list
             decay = 1 / (1 + torch.exp(-block.decay_logits))
             e = torch.where(starts[t].unsqueeze(-1), 0.0, decay * e) + torch.sqrt(1 - decay**2) * h
             m = m + block.decay_weights * e
+        if block.memory_gate:
+            w_f, w_i, w_v = block.gate.weight.chunk(3)  # (H, H) each
+            b_f, b_i, b_v = block.gate.bias.chunk(3)
+            forget, write = 1 / (1 + torch.exp(-(x @ w_f.T + b_f))), 1 / (1 + torch.exp(-(x @ w_i.T + b_i)))
+            e = torch.where(starts[t].unsqueeze(-1), 0.0, forget * e) + write * (x @ w_v.T + b_v)
+            m = m + block.gate_weights * e
         y = x + m @ block.proj_out.weight.T + block.proj_out.bias
         outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
     return outputs
@@ -121,12 +148,12 @@ def reference_agent(agent, obs: torch.Tensor, starts: torch.Tensor) -> tuple[tor
 @pytest.mark.parametrize("num_blocks", [1, 3])
 @pytest.mark.parametrize("lengths", [(1, 1), (5, 12), (20, 20)])
 @pytest.mark.parametrize("reset_prob", [0.0, 0.15, 0.5])
-@pytest.mark.parametrize("memory_decay", [False, True])
-def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_blocks, lengths, reset_prob, memory_decay):
+@pytest.mark.parametrize("long_memory", LONG_MEMORIES)
+def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_blocks, lengths, reset_prob, long_memory):
     """Two consecutive rollouts run step by step equal the training pass over each, started from the memory
     the rollout saved at its start (so the test crosses the boundary between two rollouts), and both equal the plain
     loop of `reference_block`; the memory holds the last N*S hidden states of every block [and its decayed sum]."""
-    agent = random_agent(memory_order, num_blocks, memory_stride=memory_stride, memory_decay=memory_decay)
+    agent = random_agent(memory_order, num_blocks, memory_stride=memory_stride, long_memory=long_memory)
     t1, t2 = lengths
     num_envs = 5
     generator = torch.Generator().manual_seed(memory_order * 1000 + memory_stride * 100 + num_blocks * 10 + t1)
@@ -139,7 +166,7 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
         logits2, values2 = run_sequence(agent, obs[t1:], memories[t1], starts[t1:])
         reference_logits, reference_values = reference_agent(agent, obs, starts)
     # (L, B, N*S [+1], H)
-    assert memories[-1].shape == (num_blocks, num_envs, memory_order * memory_stride + memory_decay, 16)
+    assert memories[-1].shape == (num_blocks, num_envs, memory_order * memory_stride + (long_memory != "none"), 16)
     torch.testing.assert_close(torch.cat([logits1, logits2]), step_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
     torch.testing.assert_close(step_logits, reference_logits, rtol=0, atol=1e-5)
@@ -148,22 +175,21 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
 
 @pytest.mark.parametrize("memory_order", [0, 2, 6])
 @pytest.mark.parametrize("memory_stride", [1, 2, 3])
-@pytest.mark.parametrize("memory_decay", [False, True])
-def test_block_matches_the_formula(memory_order, memory_stride, memory_decay):
+@pytest.mark.parametrize("long_memory", LONG_MEMORIES)
+def test_block_matches_the_formula(memory_order, memory_stride, long_memory):
     """Tap a_0 weights the current step and a_i the step i*S back; d weights the decayed sum e."""
     torch.manual_seed(1)
-    block, span = p.FSMNBlock(8, memory_order, memory_stride, memory_decay), memory_order * memory_stride
+    block, span = p.FSMNBlock(8, memory_order, memory_stride, **long_memory_flags(long_memory)), memory_order * memory_stride
     with torch.no_grad():
         block.taps.copy_(torch.randn_like(block.taps))
-        if memory_decay:
-            block.decay_weights.copy_(torch.randn_like(block.decay_weights))
+        randomize_long_memory(block)
         xs = [torch.randn(1, 8) for _ in range(15)]
         starts = torch.tensor([t in (0, 4, 5, 11) for t in range(15)]).unsqueeze(1)  # (T, 1)
         expected = torch.cat(reference_block(block, xs, starts))
         ids = torch.cat([torch.zeros(span, 1, dtype=torch.long), torch.cumsum(starts.long(), 0)])  # (N*S+T, 1)
         lagged = torch.stack([ids[span - i * memory_stride :][:15] for i in reversed(range(memory_order + 1))])  # (N+1, T, 1)
         same = (lagged == ids[span:]).unsqueeze(-1).float()  # (N+1, T, 1, 1): oldest tap first, as the Agent builds it
-        got = block.sequence(torch.stack(xs), torch.zeros(1, span + memory_decay, 8), same, starts).squeeze(1)
+        got = block.sequence(torch.stack(xs), torch.zeros(1, span + (long_memory != "none"), 8), same, starts).squeeze(1)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
@@ -186,11 +212,11 @@ def test_memory_reaches_exactly_memory_order_steps_back(memory_stride):
 
 @pytest.mark.parametrize("memory_order", [0, 1, 8])
 @pytest.mark.parametrize("memory_stride", [1, 3])
-@pytest.mark.parametrize("memory_decay", [False, True])
-def test_nothing_crosses_an_episode_start(memory_order, memory_stride, memory_decay):
+@pytest.mark.parametrize("long_memory", LONG_MEMORIES)
+def test_nothing_crosses_an_episode_start(memory_order, memory_stride, long_memory):
     """Changing the observations of a finished episode changes nothing from the next episode's first step on,
     in the rollout (cached steps) and in training (one pass), while it does change the finished episode."""
-    agent = random_agent(memory_order, num_blocks=2, memory_stride=memory_stride, memory_decay=memory_decay)
+    agent = random_agent(memory_order, num_blocks=2, memory_stride=memory_stride, long_memory=long_memory)
     obs = torch.randn(24, 2, 3)
     starts = torch.zeros(24, 2, dtype=torch.bool)
     starts[0] = True
@@ -207,29 +233,36 @@ def test_nothing_crosses_an_episode_start(memory_order, memory_stride, memory_de
             assert (values_a[:10, 0] - values_b[:10, 0]).abs().max() > 1e-4
 
 
-def test_decayed_sum_matches_a_plain_loop():
-    """The parallel scan against the recurrence step by step: decays from 0.05 to 0.999, a carried e, episode starts
-    anywhere (the first step's too), lengths around powers of two."""
+@pytest.mark.parametrize("per_step", [False, True])
+def test_decayed_sum_matches_a_plain_loop(per_step):
+    """The parallel scan against the recurrence step by step: decays from 0.05 to 0.999 per channel (H,), or drawn
+    per step (T, B, H) in [0, 1) as --memory-gate's are; a carried e, episode starts anywhere (the first step's too),
+    lengths around powers of two."""
     generator = torch.Generator().manual_seed(0)
-    decay = torch.linspace(0.05, 0.999, 6)  # (H,)
     for length in (1, 2, 7, 64, 100):
         u, e0 = torch.randn(length, 3, 6, generator=generator), torch.randn(3, 6, generator=generator)
+        decay = torch.rand(length, 3, 6, generator=generator) if per_step else torch.linspace(0.05, 0.999, 6)
         starts = torch.rand(length, 3, generator=generator) < 0.1
         starts[0, 1] = True
         expected, e = [], e0
         for t in range(length):
-            e = torch.where(starts[t].unsqueeze(-1), 0.0, decay * e) + u[t]
+            e = torch.where(starts[t].unsqueeze(-1), 0.0, (decay[t] if per_step else decay) * e) + u[t]
             expected.append(e)
         torch.testing.assert_close(p.decayed_sum(u, e0, decay, starts), torch.stack(expected), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("memory_order", [0, 2])
-def test_decayed_memory_reaches_past_the_taps_until_the_episode_ends(memory_order):
-    """With --memory-decay and d non-zero, an observation at step 0 still changes the output 60 steps later, far past
-    the taps' N*S = 2, in the rollout and in training; after an episode start it changes nothing."""
-    agent = random_agent(memory_order, num_blocks=1, memory_decay=True)
-    with torch.no_grad():
-        agent.blocks[0].decay_logits.copy_(torch.log(torch.logspace(math.log10(2), math.log10(200), 16) - 1))  # initial
+@pytest.mark.parametrize("long_memory", ["decay", "gate"])
+def test_decayed_memory_reaches_past_the_taps_until_the_episode_ends(memory_order, long_memory):
+    """With --memory-decay or --memory-gate and d non-zero, an observation at step 0 still changes the output 60 steps
+    later, far past the taps' N*S = 2, in the rollout and in training; after an episode start it changes nothing."""
+    agent = random_agent(memory_order, num_blocks=1, long_memory=long_memory)
+    with torch.no_grad():  # the initial decays
+        if long_memory == "decay":
+            agent.blocks[0].decay_logits.copy_(torch.log(torch.logspace(math.log10(2), math.log10(200), 16) - 1))
+        else:
+            agent.blocks[0].gate.weight[:16] = 0.0
+            agent.blocks[0].gate.bias[:16] = torch.log(torch.logspace(math.log10(2), math.log10(1000), 16) - 1)
     obs, changed = torch.randn(64, 1, 3), torch.randn(64, 1, 3)
     changed[1:] = obs[1:]  # only step 0 differs
     starts = torch.zeros(64, 1, dtype=torch.bool)
@@ -258,6 +291,45 @@ def test_memory_decay_starts_memoryless():
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
     horizons = 1 / (1 - agent.blocks[0].decay()[0].detach().double())
     torch.testing.assert_close(horizons, torch.logspace(math.log10(2), math.log10(200), 16).double(), rtol=1e-4, atol=0)
+
+
+def test_memory_gate_starts_memoryless_with_forget_horizons_from_2_to_1000_steps():
+    """d starts at zero: given the taps-only agent's weights, --memory-gate gives its outputs; W_f starts at zero, so the
+    forget gate is the same at every step, with log-uniform horizons 1/(1-f) from 2 to 1000 steps."""
+    obs, starts = torch.randn(12, 2, 3), torch.rand(12, 2) < 0.2
+    starts[0] = True
+    plain = p.Agent(3, 2, p.Args(hidden_dim=16, prev_action=False))
+    gated = p.Agent(3, 2, p.Args(memory_gate=True, hidden_dim=16, prev_action=False))
+    missing, unexpected = gated.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(".gate" in name for name in missing), missing
+    with torch.no_grad():
+        outputs = [run_steps(agent, obs, agent.initial_memory(2, "cpu"), starts)[:2] for agent in (plain, gated)]
+        forget, _ = gated.blocks[0].gates(torch.randn(5, 16))  # (5, H)
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    horizons = 1 / (1 - forget.double())
+    expected = torch.logspace(math.log10(2), math.log10(1000), 16).double().expand(5, 16)
+    torch.testing.assert_close(horizons, expected, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("long_memory", ["decay", "gate"])
+def test_long_memory_stays_finite_and_exact_over_1024_steps(long_memory):
+    """One episode of 1,024 steps with the longest horizons the initialisation gives (the gate's forget biases of 2 to
+    1000 steps, W_f zero, every write at its largest, i = 1): the memory and outputs stay finite, and the cached steps
+    equal the one pass."""
+    agent = random_agent(memory_order=2, num_blocks=2, long_memory=long_memory)
+    with torch.no_grad():
+        for block in agent.blocks:
+            if long_memory == "gate":
+                block.gate.weight[:32] = 0.0
+                block.gate.bias[:16] = torch.log(torch.logspace(math.log10(2), math.log10(1000), 16) - 1)
+                block.gate.bias[16:32] = 20.0  # i = sigmoid(20) = 1: every step writes all of v
+        obs, starts = torch.randn(1024, 2, 3), torch.zeros(1024, 2, dtype=torch.bool)
+        starts[0] = True
+        step_logits, step_values, memories = run_steps(agent, obs, agent.initial_memory(2, "cpu"), starts)
+        logits, values = run_sequence(agent, obs, agent.initial_memory(2, "cpu"), starts)
+    assert all(torch.isfinite(x).all() for x in (step_logits, step_values, logits, values, memories[-1]))
+    torch.testing.assert_close(logits, step_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(values, step_values, rtol=1e-4, atol=1e-4)
 
 
 def test_running_norm_matches_sb3_running_mean_std():
@@ -303,19 +375,27 @@ class RandomMemoryBlock(p.FSMNBlock):
         super().__init__(*args, **kwargs)
         with torch.no_grad():
             self.taps.normal_(0.0, 0.5)
-            if self.memory_decay:
-                self.decay_weights.normal_(0.0, 0.5)
+        randomize_long_memory(self)
 
 
 @pytest.mark.parametrize(
-    "prev_action, memory_order, memory_stride, memory_decay",
-    [(False, 4, 1, False), (True, 4, 1, False), (True, 4, 3, False), (True, 4, 3, True), (True, 0, 1, True)],
+    "prev_action, memory_order, memory_stride, long_memory",
+    [
+        (False, 4, 1, "none"),
+        (True, 4, 1, "none"),
+        (True, 4, 3, "none"),
+        (True, 4, 3, "decay"),
+        (True, 0, 1, "decay"),
+        (True, 4, 3, "gate"),
+        (True, 0, 1, "gate"),
+    ],
 )
-def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, memory_order, memory_stride, memory_decay):
+def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, memory_order, memory_stride, long_memory):
     """Training sees the observations (normalised by the same frozen statistics), the previous actions, the memory and
     the episode masks that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
     monkeypatch.setattr(p, "FSMNBlock", RandomMemoryBlock)
-    flags = dict(prev_action=prev_action, memory_order=memory_order, memory_stride=memory_stride, memory_decay=memory_decay)
+    flags = dict(prev_action=prev_action, memory_order=memory_order, memory_stride=memory_stride)
+    flags |= long_memory_flags(long_memory)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
@@ -626,14 +706,21 @@ def test_an_observation_gymnasium_cannot_flatten_is_one_line():
 
 @pytest.mark.smoke
 @pytest.mark.parametrize(
-    "env_id",
-    ["popgym-RepeatPreviousEasy-v0", "popgym-CountRecallEasy-v0", "popgym-AutoencodeEasy-v0", "popgym-BattleshipEasy-v0"],
+    "env_id, memory",
+    [
+        ("popgym-RepeatPreviousEasy-v0", ""),
+        ("popgym-CountRecallEasy-v0", ""),
+        ("popgym-CountRecallEasy-v0", "--memory-gate"),
+        ("popgym-AutoencodeEasy-v0", ""),
+        ("popgym-BattleshipEasy-v0", ""),
+    ],
 )
-def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_id):
+def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_id, memory):
     """Discrete, MultiDiscrete and Tuple observations, Battleship's grid actions: 128 steps per env end an episode in
-    each (Autoencode's takes 103)."""
+    each (Autoencode's takes 103). CountRecall with --memory-gate too: its checkpoint evaluates with the gated memory."""
     cwd = str(tmp_path)
     flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    flags += memory.split()
     result = run_script(SCRIPT, *flags, "--env-id", env_id, "--total-timesteps", "256", "--save-model", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
