@@ -176,7 +176,7 @@ LSTM = ["benchmarks/peers.py", "recurrent-ppo", "--prev-action", "--fsmn-setting
 # settings, which the LSTM gets as well, and its memory order
 POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coef", "0.200", "--update-epochs", "9"]
 POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
-# fsmn_tuned's memory with the input-gated memory of issue 58 in every block: the one flag between the two configs
+# fsmn_tuned with the input-gated memory (--memory-gate) in every block: the one flag between the two configs
 POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
 
 PRESETS: dict[str, dict] = {
