@@ -1099,4 +1099,4 @@ def evaluate_and_keep_best(run: Run, agent: Agent, optimizer: torch.optim.Optimi
 
 
 if __name__ == "__main__":
-    main(cli())
+    main(cli())  # tyro.cli(Args), with a --resume checkpoint's flags as the defaults

@@ -1146,4 +1146,4 @@ def evaluate(
 
 
 if __name__ == "__main__":
-    main(cli())
+    main(cli())  # tyro.cli(Args), with a --resume checkpoint's flags as the defaults
