@@ -530,7 +530,7 @@ def main(args: Args) -> None:
         get_action_and_value, loss_fn = torch.compile(get_action_and_value), torch.compile(loss_fn)
 
     # TRY NOT TO MODIFY: resume
-    start_iteration, global_step = run.restore(agent, optimizer)
+    global_step = run.restore(agent, optimizer)  # 0, or the checkpoint's; iterations() goes on from its next
 
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...); what the env returns stays in numpy until the rollout ends
     obs_shape = envs.single_observation_space.shape
@@ -674,9 +674,9 @@ class Run:
         video_name = f"rl-video-step-{self.checkpoint.get('global_step', 0)}" if self.checkpoint else "rl-video"
         self.video_path = os.path.join(self.video_dir, video_name)
 
-    def restore(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-        """The first iteration and global step: 1 and 0, or the checkpoint's next ones, its weights, optimizer and
-        RNG states loaded."""
+    def restore(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """The global step to start from: 0, or the checkpoint's, its weights, optimizer and RNG states loaded (and
+        its next iteration the first of iterations())."""
         args, checkpoint = self.args, self.checkpoint
         self.start_iteration, self.global_step = 1, 0
         if checkpoint:
@@ -704,7 +704,7 @@ class Run:
             if self.start_iteration > args.num_iterations:
                 refused = f"--total-timesteps={args.total_timesteps}"
                 raise SystemExit(f"error: {refused} must exceed the checkpoint's {self.global_step}")
-        return self.start_iteration, self.global_step
+        return self.global_step
 
     @contextlib.contextmanager
     def start(self, envs):

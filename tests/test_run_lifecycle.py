@@ -217,6 +217,11 @@ def test_summary_plain_lines_progress_label_and_the_rounding_warning(in_tmp, mon
     assert lines[-1] == f"tensorboard --logdir {run_dir}", lines[-3:]
     assert lines[-2].startswith("step 256: mean return "), lines[-3:]
 
+    # a default budget never warns: the rounding is for a --total-timesteps the user gave (here 300 as the default)
+    monkeypatch.setattr(script.Args, "total_timesteps", 300)
+    script.main(script.Args(**TINY_ARGS, total_timesteps=300, exp_name="baz", progress=False))
+    assert "warning" not in capsys.readouterr().err
+
     script.main(script.Args(**TINY_ARGS, total_timesteps=256, exp_name="bar"))
     out, err = capsys.readouterr()
     # the progress bar's label
