@@ -203,7 +203,7 @@ class Args:
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
-            # the gate's memory holds the decayed sum as its case of input-blind gates: both would be two of one kind
+            # with W_f = W_i = 0 the gate's memory is a decayed sum too (of W_v x_t): it takes --memory-decay's place
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
         ):
             if not accepted:
