@@ -1,13 +1,14 @@
 """Checkpoints written by the scripts at an earlier commit (tests/fixtures/README.md says which and how) still resume
 and evaluate: a change to the run's handling must keep every checkpoint a user has."""
 
+import dataclasses
 import lzma
 import os
 import shutil
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, import_script, run_script
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 SCRIPTS = ["ppo_fsmn_cartpole", "ppo_continuous", "ppg_lunarlander", "ppo_atari", "ppo_transformer_pong"]
@@ -47,7 +48,11 @@ def test_an_earlier_commits_checkpoint_resumes_and_evaluates(tmp_path, script):
     ]
     after = torch.load(os.path.join(cwd, path), weights_only=True)
     assert (after["iteration"], after["global_step"]) == (3, 384)
-    assert after["args"] == {**before["args"], "total_timesteps": 384, "num_iterations": 3, "resume": path}
+    kept = {flag: after["args"][flag] for flag in before["args"]}
+    assert kept == {**before["args"], "total_timesteps": 384, "num_iterations": 3, "resume": path}
+    defaults = {f.name: f.default for f in dataclasses.fields(import_script(script).Args) if f.init}
+    added = {flag: after["args"][flag] for flag in set(after["args"]) - set(before["args"])}
+    assert added == {flag: defaults[flag] for flag in added}  # a flag added since the fixture: its default
     assert after["model"].keys() == before["model"].keys()
     assert any(not torch.equal(after["model"][k], before["model"][k]) for k in before["model"])  # it trained
 
