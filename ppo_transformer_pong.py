@@ -532,7 +532,8 @@ def main(args: Args) -> None:
     # TRY NOT TO MODIFY: resume
     global_step = run.restore(agent, optimizer)  # 0, or the checkpoint's; iterations() goes on from its next
 
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...); what the env returns stays in numpy until the rollout ends
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
+    # what the env returns stays in numpy until the rollout ends
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)  # frames
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
@@ -553,7 +554,7 @@ def main(args: Args) -> None:
     if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
         warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
 
-    # TRY NOT TO MODIFY: start the game (TensorBoard, W&B and the Ctrl-C flag; at the end the logs and the last checkpoint)
+    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.
@@ -646,12 +647,12 @@ def main(args: Args) -> None:
 
 # TRY NOT TO MODIFY: the run's life around the algorithm
 class Run:
-    """A training run's handling, one call for each moment of its life: `Run(args)` sets torch's threads and the
-    device and checks the names; `prepare()` reads the checkpoint to resume and names the run and its folders;
-    `restore(agent, optimizer)` loads that checkpoint; `with start(envs):` opens TensorBoard, W&B, the progress bar
-    and the Ctrl-C flag and, however the run ends (done, an error, Ctrl-C), keeps the logs and the last good
-    checkpoint; inside it `iterations()`, then at every env step `check_interrupt()` and `log_episodes(...)`, and
-    `record(...)` and `save(...)` once an iteration is complete."""
+    """A training run's handling, one call for each moment of its life: `Run(args)` sets torch's threads and
+    the device and checks the names; `prepare()` reads the checkpoint to resume and names the run and its
+    folders; `restore(agent, optimizer)` loads that checkpoint; `with start(envs):` opens TensorBoard, W&B,
+    the progress bar and the Ctrl-C flag and, however the run ends (done, an error, Ctrl-C), keeps the logs
+    and the last good checkpoint; inside it `iterations()`, then at every env step `check_interrupt()` and
+    `log_episodes(...)`, and `record(...)` and `save(...)` once an iteration is complete."""
 
     def __init__(self, args: Args):
         self.args, self.cpu_reading = args, []  # free_cores' last reading
@@ -660,8 +661,8 @@ class Run:
         check_names(args)
 
     def prepare(self) -> None:
-        """The checkpoint to resume, and the run's name and folders: a resumed run goes on in its checkpoint's, from
-        any folder."""
+        """The checkpoint to resume, and the run's name and folders: a resumed run goes on in its
+        checkpoint's, from any folder."""
         args = self.args
         self.checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
         if self.checkpoint:
@@ -671,16 +672,18 @@ class Run:
         self.dir, self.video_dir, self.root = run_folders(self.name, args.resume)
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
         # a resumed run's videos are named from its first step: the earlier part's stay as they are
-        video_name = f"rl-video-step-{self.checkpoint.get('global_step', 0)}" if self.checkpoint else "rl-video"
+        video_name = "rl-video"
+        if self.checkpoint:
+            video_name = f"rl-video-step-{self.checkpoint.get('global_step', 0)}"
         self.video_path = os.path.join(self.video_dir, video_name)
 
     def restore(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """The global step to start from: 0, or the checkpoint's, its weights, optimizer and RNG states loaded (and
-        its next iteration the first of iterations())."""
+        """The global step to start from: 0, or the checkpoint's, its weights, optimizer and RNG states loaded
+        (and its next iteration the first of iterations())."""
         args, checkpoint = self.args, self.checkpoint
         self.start_iteration, self.global_step = 1, 0
         if checkpoint:
-            # the command line took the checkpoint's flags as defaults (cli): each one given that differs is named
+            # cli() took the checkpoint's flags as the defaults: a flag given that differs is named
             saved = checkpoint["args"]
             differing = [
                 f"--{flag.replace('_', '-')}={getattr(args, flag)} differs from the checkpoint's {saved[flag]}"
@@ -695,10 +698,12 @@ class Run:
                 raise SystemExit(f"error: {refused}; {why}") from None
             try:
                 optimizer.load_state_dict(checkpoint["optimizer"])
-                self.start_iteration, self.global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+                self.start_iteration = checkpoint["iteration"] + 1
+                self.global_step = checkpoint["global_step"]
                 set_rng_states(checkpoint["rng_states"])
             except (KeyError, TypeError, ValueError):
-                raise SystemExit(f"error: --resume={args.resume} lacks an optimizer, step or RNG state") from None
+                why = "lacks an optimizer, step or RNG state"
+                raise SystemExit(f"error: --resume={args.resume} {why}") from None
             for line in differing:
                 print(f"note: {line}")
             if self.start_iteration > args.num_iterations:
@@ -708,13 +713,15 @@ class Run:
 
     @contextlib.contextmanager
     def start(self, envs):
-        """TensorBoard, W&B, the progress bar and the Ctrl-C flag, opened once every check has passed (a refused run
-        writes nothing); on leaving, however the run ended, the last good checkpoint is written and the logs closed
-        (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose them)."""
+        """TensorBoard, W&B, the progress bar and the Ctrl-C flag, opened once every check has passed (a
+        refused run writes nothing); on leaving, however the run ended, the last good checkpoint is written
+        and the logs closed (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose
+        them)."""
         args = self.args
-        if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:  # a budget given
-            trained = args.num_iterations * args.batch_size
-            warn(f"--total-timesteps={args.total_timesteps} trains {trained}, whole batches of {args.batch_size}")
+        # the rounding of a budget the user gave; a default never warns
+        if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:
+            trained, batches = args.num_iterations * args.batch_size, f"whole batches of {args.batch_size}"
+            warn(f"--total-timesteps={args.total_timesteps} trains {trained}, {batches}")
         try:
             os.makedirs(self.dir, exist_ok=True)
         except OSError as e:
@@ -728,10 +735,11 @@ class Run:
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
         print(f"logging to {self.dir}")
 
-        self.start_time, self.start_step, self.next_line = time.time(), self.global_step, time.time() + PLAIN_LINE_SECONDS
+        self.start_time, self.start_step = time.time(), self.global_step
+        self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # Ctrl-C is honoured at the next environment step: a KeyboardInterrupt raised wherever the signal lands
+        # Ctrl-C is honoured at the next env step: a KeyboardInterrupt raised wherever the signal lands
         # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
         self.interrupts = []
 
@@ -770,13 +778,14 @@ class Run:
             signal.signal(signal.SIGINT, previous_handler)
             saved = None if not_saved else self.last_good
             sps = int((self.global_step - self.start_step) / seconds)
-            summarize(self.dir, self.checkpoint_path, saved, self.global_step, sps, seconds, self.recent_returns)
+            steps, returns = self.global_step, self.recent_returns
+            summarize(self.dir, self.checkpoint_path, saved, steps, sps, seconds, returns)
             if not_saved is not None:
                 raise not_saved
 
     def iterations(self):
-        """The iterations to run, torch's threads set before each to the cores other processes leave free: runs side
-        by side share them."""
+        """The iterations to run, torch's threads set before each to the cores other processes leave free:
+        runs side by side share them."""
         for iteration in self.progress:
             if not self.args.threads and self.device.type == "cpu":
                 torch.set_num_threads(min(TORCH_THREADS, free_cores(self.cpu_reading)))
@@ -791,8 +800,8 @@ class Run:
         return int((self.global_step - self.start_step) / (time.time() - self.start_time))
 
     def log_episodes(self, infos: dict, global_step: int) -> None:
-        """After every env step: each finished episode's return and length; without a progress bar, a plain line
-        of progress at least every PLAIN_LINE_SECONDS."""
+        """After every env step: each finished episode's return and length; without a progress bar, a plain
+        line of progress at least every PLAIN_LINE_SECONDS."""
         self.global_step = global_step
         if "episode" in infos:
             finished = infos["_episode"]
@@ -836,7 +845,13 @@ class Run:
         if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
             log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
 
-    def save(self, iteration: int, global_step: int, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def save(
+        self,
+        iteration: int,
+        global_step: int,
+        agent: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
         """A snapshot of this complete iteration, what Ctrl-C or an error saves later; written every
         --save-interval iterations."""
         self.done_iteration = iteration
