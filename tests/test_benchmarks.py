@@ -510,6 +510,20 @@ def test_sps_writes_its_table_under_out_dir(tmp_path, monkeypatch):
     assert "| 1 | 1000 | 1000 |" in (tmp_path / "elsewhere" / "sps_fsmn_cartpole.md").read_text()
 
 
+def test_sps_reverses_the_order_every_second_repeat(tmp_path, monkeypatch):
+    """A machine whose speed drifts within a repeat favours no run: peer, script, old script; then the reverse."""
+    import sps
+
+    started = []
+    monkeypatch.setattr(sps, "extract_commit", lambda ref: "/old")
+    monkeypatch.setattr(
+        sps, "run", lambda command, total_timesteps, burn_in: started.append(command[0]) or (1000.0, 1.0, 0.0, 0.0)
+    )
+    sps.main(sps.Args(repeats=3, variants=["eager"], against="REF", out_dir=str(tmp_path)))
+    peer, new, old = "benchmarks/peers.py", "ppo_fsmn_cartpole.py", "/old/ppo_fsmn_cartpole.py"
+    assert started == [peer, new, old, old, new, peer, peer, new, old]
+
+
 def test_peers_take_the_free_cores_as_the_scripts_do(monkeypatch):
     """SB3's peers get the scripts' thread policy (`--threads 0`): torch takes the cores other processes leave free,
     read again before every rollout."""
