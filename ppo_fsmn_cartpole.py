@@ -329,15 +329,17 @@ class FSMNBlock(nn.Module):
         h_t = tanh(W_in x_t)                        linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
             [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
-            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     or with --memory-gate, e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
+            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     or with --memory-gate, e = 0 before the episode
 
     S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the
     whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). With
     --memory-gate the input decides, step by step, how much e forgets and what it writes: f_t = sigmoid(W_f x_t +
     b_f), i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t (minGRU's and HGRN's input-dependent decay, Feng et al.
     2024, arXiv 2410.01201; Qin et al. 2023, arXiv 2311.04823), still a linear recurrence: one scan over a
-    sequence. The taps and d start at zero: the block starts memoryless and learns how much of the past to use."""
+    sequence. Its e is read after the normalisation: inside it, a growing e would be divided by its own size, and
+    a count would lose what it counts (CountRecall's answer; benchmarks/results/popgym.md). The taps and d start
+    at zero: the block starts memoryless and learns how much of the past to use."""
 
     def __init__(
         self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False, memory_gate: bool = False
@@ -393,12 +395,13 @@ class FSMNBlock(nn.Module):
             e = decay * memory[:, span] + gain * h  # (B, H)
             m = m + self.decay_weights * e
             new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
+        y = self.norm(x + self.proj_out(m))
         if self.memory_gate:
             forget, write = self.gates(x)  # (B, H) each
             e = forget * memory[:, span] + write  # (B, H)
-            m = m + self.gate_weights * e
+            y = y + self.gate_weights * e  # after the normalisation
             new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
-        return self.norm(x + self.proj_out(m)), new_memory
+        return y, new_memory
 
     def sequence(
         self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor, episode_starts: torch.Tensor
@@ -418,10 +421,11 @@ class FSMNBlock(nn.Module):
         if self.memory_decay:
             decay, gain = self.decay()
             m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)
+        y = self.norm(x + self.proj_out(m))
         if self.memory_gate:
             forget, write = self.gates(x)  # (T, B, H) each: a decay per step
-            m = m + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)
-        return self.norm(x + self.proj_out(m))
+            y = y + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)  # after the norm
+        return y
 
 
 class Agent(nn.Module):

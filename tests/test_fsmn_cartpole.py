@@ -106,8 +106,8 @@ def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list
     """One FSMN block written as the paper's formula with a plain Python loop over time, for B environments at once:
     h_t = tanh(W_in x_t); m_t = h_t + sum_{i=0..N} a_i h_{t-iS} (only steps of the same episode) [+ d e_t, with
     e_t = lambda e_{t-1} + sqrt(1 - lambda^2) h_t, e = 0 before the episode, lambda = sigmoid(decay_logits); or with
-    the gate e_t = f_t e_{t-1} + i_t v_t, f_t = sigmoid(W_f x_t + b_f), i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t];
-    y_t = LayerNorm(x_t + W_out m_t). xs: T tensors (B, H); starts: (T, B) bool, episode starts."""
+    y_t = LayerNorm(x_t + W_out m_t) [+ d e_t with the gate, e_t = f_t e_{t-1} + i_t v_t, f_t = sigmoid(W_f x_t + b_f),
+    i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t]. xs: T tensors (B, H); starts: (T, B) bool, episode starts."""
     hs, outputs, episode_begin = [], [], torch.zeros(starts.shape[1], dtype=torch.long)
     e = torch.zeros_like(xs[0])
     for t, x in enumerate(xs):
@@ -128,9 +128,9 @@ def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list
             b_f, b_i, b_v = block.gate.bias.chunk(3)
             forget, write = 1 / (1 + torch.exp(-(x @ w_f.T + b_f))), 1 / (1 + torch.exp(-(x @ w_i.T + b_i)))
             e = torch.where(starts[t].unsqueeze(-1), 0.0, forget * e) + write * (x @ w_v.T + b_v)
-            m = m + block.gate_weights * e
         y = x + m @ block.proj_out.weight.T + block.proj_out.bias
-        outputs.append(torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias))
+        y = torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias)
+        outputs.append(y + block.gate_weights * e if block.memory_gate else y)
     return outputs
 
 
