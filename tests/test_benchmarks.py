@@ -143,6 +143,31 @@ def test_report_mmer_by_step_reads_only_the_first_steps(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_mmer_wall_reads_the_report_it_plots(tmp_path):
+    """mmer_wall.py reads report.py's own table back: each config's MMER and wall s as medians with min and max (a
+    single run's value for all three), one panel per env; a table without those columns is refused in one line."""
+    import mmer_wall
+
+    write_run(str(tmp_path / "runs"), "EnvA-v0__algo__1__1", [0.0, 3.0, 3.0, 0.0])  # MMER over 2 episodes: 3
+    write_run(str(tmp_path / "runs"), "EnvA-v0__algo__2__1", [1.0, 1.0, 1.0])  # 1
+    write_run(str(tmp_path / "runs"), "EnvB-v0__other__1__1", [-2.0, -1.0])  # -1.5
+    md, _ = report.write_report(report.Args(runs_dir=str(tmp_path / "runs"), name="m", window=2, mmer=True))
+    runs = {(r.config, r.seed): r.duration for r in report.find_runs(str(tmp_path / "runs"))}
+    table = mmer_wall.read_table(md)
+    assert set(table) == {"EnvA-v0", "EnvB-v0"}
+    (mmer, wall), (mmer_b, wall_b) = table["EnvA-v0"]["algo"], table["EnvB-v0"]["other"]
+    assert mmer == (2.0, 1.0, 3.0) and mmer_b == (-1.5, -1.5, -1.5)
+    durations = sorted(d for (config, _), d in runs.items() if config == "EnvA-v0__algo")
+    assert wall[1:] == pytest.approx(durations, abs=0.5) and wall_b[0] == pytest.approx(runs["EnvB-v0__other", 1], abs=0.5)
+    png = mmer_wall.main(mmer_wall.Args(table=md, out=str(tmp_path / "f.png")))
+    (tmp_path / "a.md").write_text("".join(line for line in open(md) if "EnvB" not in line))
+    assert png_width(png) == 2 * png_width(mmer_wall.main(mmer_wall.Args(table=str(tmp_path / "a.md"))))  # a panel each
+    (tmp_path / "plain.md").write_text("| config | seeds | final return |\n|---|---|---|\n| E__c | 1 | 1.0 |\n")
+    with pytest.raises(SystemExit, match="^error: .*plain.md has no table with 'MMER' and 'wall s' columns"):
+        mmer_wall.main(mmer_wall.Args(table=str(tmp_path / "plain.md"), out=str(tmp_path / "no.png")))
+    assert not (tmp_path / "no.png").exists()
+
+
 def test_report_counts_each_run_once(tmp_path, capsys):
     """A tracked run leaves W&B's copies of its event files under wandb/ (and a latest-run link to them): the report
     counts the run once. Of two runs of one config and seed, the later one is kept, with a note."""
