@@ -491,7 +491,7 @@ def main(args: Args) -> None:
             f"--n-iteration={args.n_iteration} iterations of {args.batch_size} steps: this run is PPO"
         )
 
-    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
+    # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.

@@ -415,7 +415,6 @@ def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None
     return replay
 
 
-# ENGINEERING: --cudagraphs, the rollout's inference call and the whole minibatch update replayed as CUDA graphs
 def capture_cuda_graphs(args: Args, agent: Agent, optimizer, get_action_and_value, loss_fn, storage: tuple) -> tuple:
     """get_action_and_value, the minibatch update and lr: with --cudagraphs captured (lr a tensor), else as given."""
     obs, actions, logprobs, values = storage  # (num_steps, num_envs, ...): the rollout's storage
@@ -497,7 +496,7 @@ def main(args: Args) -> None:
     if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
         warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
 
-    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
+    # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.

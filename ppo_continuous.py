@@ -484,7 +484,7 @@ def main(args: Args) -> None:
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
 
-    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
+    # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.

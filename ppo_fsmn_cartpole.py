@@ -330,7 +330,7 @@ class FSMNBlock(nn.Module):
         m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
             [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
-            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     or with --memory-gate, e = 0 before the episode
+            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     with --memory-gate, e = 0 before the episode
 
     S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the
     whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). With
@@ -399,7 +399,7 @@ class FSMNBlock(nn.Module):
         if self.memory_gate:
             forget, write = self.gates(x)  # (B, H) each
             e = forget * memory[:, span] + write  # (B, H)
-            y = y + self.gate_weights * e  # after the normalisation
+            y = y + self.gate_weights * e  # after the normalisation (see the class's docstring)
             new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
         return y, new_memory
 
@@ -424,7 +424,7 @@ class FSMNBlock(nn.Module):
         y = self.norm(x + self.proj_out(m))
         if self.memory_gate:
             forget, write = self.gates(x)  # (T, B, H) each: a decay per step
-            y = y + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)  # after the norm
+            y = y + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)
         return y
 
 
@@ -633,7 +633,7 @@ def main(args: Args) -> None:
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
     action = torch.zeros(args.num_envs, dtype=torch.long, device=device)  # a[t-1], unused at a start
 
-    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
+    # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.

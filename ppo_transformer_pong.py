@@ -554,7 +554,7 @@ def main(args: Args) -> None:
     if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
         warn("--bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32")
 
-    # TRY NOT TO MODIFY: start the game (the loggers and the Ctrl-C flag; the logs and last checkpoint kept at its end)
+    # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
             if args.anneal_lr:  # Annealing the rate if instructed to do so.

@@ -51,7 +51,9 @@ def read_table(path: str) -> dict[str, dict[str, tuple[tuple[float, ...], tuple[
     mmer, wall = rows[0].index("MMER"), rows[0].index("wall s")
     found: dict[str, dict] = {}
     for row in rows[2:]:  # after the header and its |---| line
-        env, config = row[0].strip().split("__", 1)
+        if "__" not in row[0]:
+            raise SystemExit(f"error: {path}: '{row[0]}' is not a report's config, env__config")
+        env, config = row[0].split("__", 1)
         found.setdefault(env, {})[config] = (cell(row[mmer]), cell(row[wall]))
     return found
 

@@ -168,6 +168,15 @@ def test_mmer_wall_reads_the_report_it_plots(tmp_path):
     assert not (tmp_path / "no.png").exists()
 
 
+def test_mmer_wall_refuses_a_row_that_is_not_a_config(tmp_path):
+    """A table row whose first cell is not `env__config` is one line naming the file and the cell, not a traceback."""
+    import mmer_wall
+
+    (tmp_path / "t.md").write_text("| config | MMER | wall s |\n|---|---|---|\n| median | 1.0 | 2.0 |\n")
+    with pytest.raises(SystemExit, match=r"^error: .*t.md: 'median' is not a report's config, env__config$"):
+        mmer_wall.read_table(str(tmp_path / "t.md"))
+
+
 def test_report_counts_each_run_once(tmp_path, capsys):
     """A tracked run leaves W&B's copies of its event files under wandb/ (and a latest-run link to them): the report
     counts the run once. Of two runs of one config and seed, the later one is kept, with a note."""
