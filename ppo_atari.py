@@ -520,7 +520,7 @@ def main(args: Args) -> None:
                 rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
-                    # bootstrap a game cut at the frame limit from the value of its final observation
+                    # bootstrap a truncated episode from the value of its final observation
                     with torch.no_grad():
                         final_obs = torch.as_tensor(infos["final_obs"], device=device)
                         final_value = agent.get_value(final_obs)

@@ -100,8 +100,7 @@ class Args:
     """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
-    # tuned values: benchmarks/results/tune_continuous_carry.md's best trial with gamma 0.99 plus --target-kl 0.02
-    learning_rate: float = 1.13e-3
+    learning_rate: float = 1.13e-3  # tuned, as those below: tune_continuous_carry.md's best, gamma 0.99, --target-kl 0.02
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel game environments"""
@@ -472,8 +471,7 @@ def main(args: Args) -> None:
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
     # what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
-    # pre-squash samples u, not env actions
-    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)  # u, pre-squash
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -527,8 +525,7 @@ def main(args: Args) -> None:
                     discounted_returns = discounted_returns * args.gamma + rewards_np[t]
                     rollout_returns[t] = discounted_returns
                     discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
-                # (T * B, 1)
-                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
                 reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
                 rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
 
@@ -566,7 +563,7 @@ def main(args: Args) -> None:
 
             # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
-            # ENGINEERING: periodic evaluation, the best policy so far kept in best.pt (Ctrl-C waits for it)
+            # ENGINEERING: --eval-interval, the best policy so far (across --resume) kept in best.pt; Ctrl-C waits for it
             if args.eval_interval and iteration % args.eval_interval == 0:
                 evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
             # TRY NOT TO MODIFY: keep the iteration's checkpoint
@@ -1101,7 +1098,6 @@ def play(
 
 
 def evaluate_and_keep_best(run: Run, agent: Agent, optimizer: torch.optim.Optimizer, iteration: int, global_step: int) -> None:
-    """--eval-interval: log the policy's mean return over --eval-episodes; best.pt keeps the best so far, across --resume."""
     args, device = run.args, run.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():  # training's RNG untouched
         eval_returns = play(agent, args.env_id, args.eval_episodes, args.eval_deterministic, device, args.seed)

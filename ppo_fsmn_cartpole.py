@@ -661,12 +661,12 @@ def main(args: Args) -> None:
                 rewards_np[step] = reward
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
-                    # bootstrap a truncated episode from its final observation, seen with that episode's memory
+                    # bootstrap a truncated episode from the value of its final observation
                     zeros = np.zeros(obs_dim)
                     final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
                     with torch.no_grad():
                         final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
-                        no_start = torch.zeros_like(next_done)
+                        no_start = torch.zeros_like(next_done)  # seen with that episode's memory
                         final_value = agent.get_value(agent.observe(final_obs, action, no_start), memory, no_start)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)

@@ -580,10 +580,10 @@ def main(args: Args) -> None:
                 rewards_np[step] = np.sign(reward)  # reward clipping for training; the scores logged are raw
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
-                    # bootstrap a truncated episode from its final observation, seen with that episode's memory
+                    # bootstrap a truncated episode from the value of its final observation
                     with torch.no_grad():
                         final_obs = torch.as_tensor(infos["final_obs"], device=device)
-                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))
+                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))  # its episode's memory
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, device=device)
                 next_done = torch.as_tensor(termination | truncation, device=device)
