@@ -45,7 +45,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        3 seeds, 400k steps: ppo_fsmn_cartpole.py at its defaults, with a memory as long as an episode
                        (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), that with --memory-gate
                        (`fsmn_gate`), its memoryless ablation (memory order 0), and sb3-contrib RecurrentPPO given the
-                       same observation, previous action and PPO settings (the defaults', and the study's best).
+                       same observation, previous action and PPO settings (the defaults', and the study's best);
+                       `fsmn_gate_gamma0.97`, `fsmn_tuned_gamma0.97` and `sb3_recurrent_ppo_gamma0.97` at the study's
+                       best with gamma 0.97 (POPGYM_PPO_GAMMA097).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
@@ -178,6 +180,9 @@ POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coe
 POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
 # fsmn_tuned with the input-gated memory (--memory-gate) in every block: the one flag between the two configs
 POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
+# POPGYM_PPO with gamma 0.97, picked for the gated FSMN on CountRecall's seeds 101 and 102 (popgym.md); the configs
+# named *_gamma0.97 run at it, the LSTM among them
+POPGYM_PPO_GAMMA097 = [*POPGYM_PPO[:-2], "--gamma", "0.97"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
@@ -204,6 +209,14 @@ PRESETS: dict[str, dict] = {
                 Config("fsmn_m0", ["ppo_fsmn_cartpole.py", "--env-id", env_id, "--memory-order", "0"]),
                 Config("sb3_recurrent_ppo", [*LSTM, "--env-id", env_id]),
                 Config("sb3_recurrent_ppo_tuned", [*LSTM, "--env-id", env_id, *POPGYM_PPO]),
+                Config(
+                    "fsmn_gate_gamma0.97", ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO_GAMMA097, *POPGYM_GATE]
+                ),
+                Config(
+                    "fsmn_tuned_gamma0.97",
+                    ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO_GAMMA097, "--memory-order", "16"],
+                ),
+                Config("sb3_recurrent_ppo_gamma0.97", [*LSTM, "--env-id", env_id, *POPGYM_PPO_GAMMA097]),
             )
         ],
         extra=["--total-timesteps", "400000"],

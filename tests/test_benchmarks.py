@@ -473,16 +473,18 @@ def test_ray_start_up_failures_are_one_line(monkeypatch):
 
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
-    """The popgym preset's seven configs on one task, tiny: the FSMN at two memory lengths and at the tuned settings
+    """The popgym preset's ten configs on one task, tiny: the FSMN at two memory lengths and at the tuned settings
     (with and without --memory-gate), its ablation, and the LSTM at the FSMN's default and tuned settings on the same
-    flattened observation, and a report with POPGym's MMER. 1,024 steps hold a whole rollout of each (8 envs x 64 or
-    128 steps), which holds an episode of every env: the task's episodes are 51 steps long."""
+    flattened observation, those three tuned ones again at gamma 0.97, and a report with POPGym's MMER. 1,024 steps
+    hold a whole rollout of each (8 envs x 64 or 128 steps), which holds an episode of every env: the task's episodes
+    are 51 steps long."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
     result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 1024", "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in (tmp_path / "popgym.md").read_text().splitlines() if line.startswith("| popgym-")]
     names = [row.split("|")[1].strip() for row in rows]
     configs = ("fsmn", "fsmn_m32", "fsmn_tuned", "fsmn_gate", "fsmn_m0", "sb3_recurrent_ppo", "sb3_recurrent_ppo_tuned")
+    configs += ("fsmn_gate_gamma0.97", "fsmn_tuned_gamma0.97", "sb3_recurrent_ppo_gamma0.97")
     assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in configs]
     assert "| final return | MMER |" in (tmp_path / "popgym.md").read_text()
 
