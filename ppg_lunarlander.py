@@ -533,7 +533,7 @@ def main(args: Args) -> None:
                     discounted_returns = discounted_returns * args.gamma + rewards_np[t]
                     rollout_returns[t] = discounted_returns
                     discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
-                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
                 reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
                 rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
 

@@ -100,7 +100,7 @@ class Args:
     """the id of the environment (a gymnasium id with a bounded Box action space and a flat Box observation)"""
     total_timesteps: int = 200_000
     """total timesteps of the experiments"""
-    learning_rate: float = 1.13e-3  # tuned, as those below: tune_continuous_carry.md's best, gamma 0.99, --target-kl 0.02
+    learning_rate: float = 1.13e-3  # tuned with the values below: tune_continuous_carry.md's best trial
     """the learning rate of the optimizer"""
     num_envs: int = 8
     """the number of parallel game environments"""
@@ -471,7 +471,8 @@ def main(args: Args) -> None:
     # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
     # what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)  # u, pre-squash
+    # pre-squash samples u, not env actions
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards_np = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -525,7 +526,7 @@ def main(args: Args) -> None:
                     discounted_returns = discounted_returns * args.gamma + rewards_np[t]
                     rollout_returns[t] = discounted_returns
                     discounted_returns = discounted_returns * ~(terminations_np[t] | truncations_np[t])
-                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))  # (T * B, 1)
+                agent.return_norm.update(torch.as_tensor(rollout_returns, device=device).reshape(-1, 1))
                 reward_std = np.float32(torch.sqrt(agent.return_norm.var + agent.return_norm.epsilon).item())
                 rewards_np[:] = np.clip(rewards_np / reward_std, -args.reward_clip, args.reward_clip)
 
@@ -563,7 +564,7 @@ def main(args: Args) -> None:
 
             # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
-            # ENGINEERING: --eval-interval, the best policy so far (across --resume) kept in best.pt; Ctrl-C waits for it
+            # ENGINEERING: --eval-interval; best.pt keeps the best policy across --resume; Ctrl-C waits for it
             if args.eval_interval and iteration % args.eval_interval == 0:
                 evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
             # TRY NOT TO MODIFY: keep the iteration's checkpoint

@@ -583,7 +583,8 @@ def main(args: Args) -> None:
                     # bootstrap a truncated episode from the value of its final observation
                     with torch.no_grad():
                         final_obs = torch.as_tensor(infos["final_obs"], device=device)
-                        final_value = agent.get_value(final_obs, memory, torch.zeros_like(next_done))  # its episode's memory
+                        no_start = torch.zeros_like(next_done)  # seen with that episode's memory
+                        final_value = agent.get_value(final_obs, memory, no_start)
                     final_values[step] = final_value * torch.as_tensor(truncation, device=device)
                 next_obs = torch.as_tensor(next_obs_np, device=device)
                 next_done = torch.as_tensor(termination | truncation, device=device)

@@ -180,8 +180,9 @@ POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coe
 POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
 # fsmn_tuned with the input-gated memory (--memory-gate) in every block: the one flag between the two configs
 POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
-# POPGYM_PPO with gamma 0.97, picked for the gated FSMN on CountRecall's seeds 101 and 102 (popgym.md); the configs
-# named *_gamma0.97 run at it, the LSTM among them
+# POPGYM_PPO with gamma 0.97 for its last flag, --gamma 0.99: picked for the gated FSMN on seeds 101 and 102
+# (popgym.md); the configs named *_gamma0.97 run at it, the LSTM among them
+assert POPGYM_PPO[-2:] == ["--gamma", "0.99"]
 POPGYM_PPO_GAMMA097 = [*POPGYM_PPO[:-2], "--gamma", "0.97"]
 
 PRESETS: dict[str, dict] = {
