@@ -16,8 +16,9 @@ that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the no
 each run's runs/, videos/ and wandb/ come back into <out> when it ends.
 
 Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
-  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0), plus sb3-contrib RecurrentPPO on
-                       the masked task, with and without the previous action as input, 5 seeds each, 150k steps.
+  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --memory-gate), plus
+                       sb3-contrib RecurrentPPO on the masked task, with and without the previous action as input, 5
+                       seeds each, 150k steps.
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
                        bf16 instructions: emulated, it is far slower); `--configs atari_fp32` for one of them.
   continuous-pendulum  Pendulum-v1, 5 seeds, 200k steps: ppo_continuous.py at its defaults and at its old ones
@@ -191,6 +192,8 @@ PRESETS: dict[str, dict] = {
             Config("fsmn_m4", ["ppo_fsmn_cartpole.py", "--memory-order", "4"]),
             Config("fsmn_novel_m4", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4"]),
             Config("fsmn_novel_m0", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "0"]),
+            Config("fsmn_m4_gate", ["ppo_fsmn_cartpole.py", "--memory-order", "4", "--memory-gate"]),
+            Config("fsmn_novel_m4_gate", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4", "--memory-gate"]),
             Config("sb3_recurrent_ppo_novel", ["benchmarks/peers.py", "recurrent-ppo"]),
             Config("sb3_recurrent_ppo_novel_prev_action", ["benchmarks/peers.py", "recurrent-ppo", "--prev-action"]),
         ],
