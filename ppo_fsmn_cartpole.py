@@ -135,6 +135,9 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+    context_steps: int = 0
+    """training replays this many steps before each rollout too (at most --num-steps), with gradient through the
+    memory, from the memory of that earlier step: an episode begun that far back is trained on from its start"""
 
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
@@ -199,6 +202,7 @@ class Args:
             ("vf_coef", 0 <= self.vf_coef < math.inf, "a number >= 0"),
             ("max_grad_norm", 0 < self.max_grad_norm < math.inf, "a positive number"),
             ("target_kl", self.target_kl is None or 0 < self.target_kl < math.inf, "a positive number"),
+            ("context_steps", 0 <= self.context_steps <= self.num_steps, "in [0, --num-steps]"),
             ("hidden_dim", self.hidden_dim >= 1, "at least 1"),
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
@@ -504,8 +508,10 @@ class Agent(nn.Module):
             x = block.sequence(x, block_memory, same_episode, episode_starts)
         return x
 
-    def get_action_and_value_sequence(self, x, memory, episode_starts, action):
-        hidden = self.get_states_sequence(x, memory, episode_starts)
+    def get_action_and_value_sequence(self, x, memory, episode_starts, action, context: int = 0):
+        """x, episode_starts: (context + T, B, ...), from the memory at the context's start; action: (T, B), the
+        steps after the context, the only ones with outputs."""
+        hidden = self.get_states_sequence(x, memory, episode_starts)[context:]
         probs = Categorical(logits=self.actor(hidden), validate_args=False)  # batch shape (T, B)
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
 
@@ -550,10 +556,11 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
-    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from --context-steps before the
+    rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
+    replay = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions, args.context_steps)
+    _, newlogprob, entropy, newvalue = replay
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
     with torch.no_grad():
@@ -628,6 +635,11 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
+    # the previous rollout's last --context-steps steps (at first, empty episodes: a start at every step) and the
+    # memory before them
+    context_starts = torch.ones((args.context_steps, args.num_envs), dtype=torch.bool, device=device)
+    context = (obs[: args.context_steps], prev_actions[: args.context_steps], context_starts)
+    context_memory = memory.clone()
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -641,10 +653,13 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = memory.clone()  # training replays each sequence from here
+            # training replays each sequence from here: the rollout's start, or --context-steps before it
+            initial_memory = memory.clone() if args.context_steps == 0 else context_memory
             final_values.zero_()
             for step in range(args.num_steps):
                 run.check_interrupt()
+                if step == args.num_steps - args.context_steps:  # the next rollout's context starts here
+                    context_memory = memory.clone()
                 global_step += args.num_envs
                 obs[step] = next_obs
                 episode_starts[step] = next_done
@@ -681,7 +696,11 @@ def main(args: Args) -> None:
                 next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
                 gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
-                seen_obs = agent.observe(obs, prev_actions, episode_starts)  # (T, B, ...): the policy's input
+                # (context + T, B, ...): the policy's input, context first
+                replayed = [torch.cat(pair) for pair in zip(context, (obs, prev_actions, episode_starts))]
+                seen_obs, seen_starts = agent.observe(*replayed), replayed[2]
+                last = slice(args.num_steps - args.context_steps, args.num_steps)
+                context = [x[last].clone() for x in (obs, prev_actions, episode_starts)]
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
@@ -693,7 +712,7 @@ def main(args: Args) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
-                    batch = (seen_obs, initial_memory, episode_starts, actions, logprobs, advantages, returns, values)
+                    batch = (seen_obs, initial_memory, seen_starts, actions, logprobs, advantages, returns, values)
                     minibatch = [x[:, mb_envs] for x in batch]  # dim 1: envs
                     loss, mb_stats = loss_fn(agent, args, *minibatch)
                     optimizer.zero_grad()

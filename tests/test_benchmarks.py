@@ -592,3 +592,44 @@ def test_side_by_side_table(tmp_path):
     assert "Other processes kept up to" in text
     bad = run_script("benchmarks/side_by_side.py", "--scripts", "nope", cwd=str(tmp_path))
     assert bad.returncode != 0 and "error: --scripts/--second=nope: each must be one of fsmn, continuous" in bad.stderr
+
+
+def test_levels_of_a_card_task_and_of_a_cartpole():
+    """benchmarks/levels.py on CountRecallEasy (3 episodes): each of its 51 steps has one right count of 27, worth
+    +1/51 against -1/51 for the 26 others, so answering at random earns exactly -25/27 an episode and every right
+    answer 1; at step 0 the count is 1 if the card dealt is the one asked for, else 0, which the memoryless table
+    must pick. PositionOnlyCartPole, whose pushes change what follows, is no card task: a reactive floor instead."""
+    import levels
+
+    rows = levels.levels("popgym-CountRecallEasy-v0", episodes=3, seed=0)
+    assert np.allclose(rows["random"], -25 / 27) and np.allclose(rows["perfect"], 1.0)
+    fitted = levels.card_task_episodes("popgym-CountRecallEasy-v0", range(3))
+    for steps in fitted:
+        (t, (card, asked)), rewards = steps[0]
+        assert t == 0 and int(np.argmax(rewards)) == int(card == asked)
+    assert levels.card_task_episodes("popgym-PositionOnlyCartPoleEasy-v0", range(1)) is None
+    cartpole = levels.levels("popgym-PositionOnlyCartPoleEasy-v0", episodes=2, seed=0)
+    assert cartpole["perfect"] is None and cartpole["how"].startswith("floor: the best reactive policy")
+
+
+def test_probe_answers_are_the_envs_own_and_it_writes_its_table(tmp_path):
+    """benchmarks/probe.py's recorded answers on CountRecallEasy equal the env's own count of the card asked for
+    (read from its state, `counts[query]`, which the probe never reads), and Autoencode's only where it is reciting
+    (its watching steps score every action alike); a tiny probe of two kinds writes its table under --out-dir."""
+    import probe
+    from popgym.envs.count_recall import CountRecallEasy
+
+    obs, answers, has_answer, rewards = probe.record("popgym-CountRecallEasy-v0", range(2))
+    for episode in range(2):
+        env = CountRecallEasy()
+        env.reset(seed=episode)
+        for t in range(answers.shape[0]):
+            assert answers[t, episode] == env.counts[env.query]
+            env.step(0)
+    assert has_answer.all() and rewards.shape == (51, 2, 27)
+    _, _, has_answer, _ = probe.record("popgym-AutoencodeEasy-v0", range(1))
+    assert has_answer[:, 0].tolist() == [False] * 51 + [True] * 52
+    tiny = dict(kinds=("none", "gate"), episodes=4, steps=2, batch=2, out_dir=str(tmp_path))
+    text = probe.main(probe.Args(env_id="popgym-RepeatPreviousEasy-v0", **tiny))
+    assert (tmp_path / "probe_RepeatPreviousEasy.md").read_text().strip() == text.strip()
+    assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")][1:] == ["none", "gate"]

@@ -399,6 +399,21 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, 
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
+@pytest.mark.parametrize("context_steps, long_memory", [(5, "none"), (30, "gate"), (48, "decay")])
+def test_training_with_context_replays_the_rollout_exactly(in_tmp, monkeypatch, context_steps, long_memory):
+    """--context-steps: training recomputes the memory from that many steps before the rollout, from the memory
+    saved then, over the previous rollout's own inputs and episode masks. At a learning rate of 0, without the
+    observation statistics (which change between rollouts, so a recompute would differ), that recompute equals the
+    memory the rollout carried: KL 0 in every minibatch, whatever the context's length (less than the taps' reach,
+    more, all of the rollout). Autoencode's episodes (103 steps) run across rollouts of 48: a context off by one
+    step, or started from the wrong memory, gives KL > 0."""
+    monkeypatch.setattr(p, "FSMNBlock", RandomMemoryBlock)
+    flags = dict(env_id="popgym-AutoencodeEasy-v0", memory_order=8, memory_stride=2, norm_obs=False)
+    flags |= dict(context_steps=context_steps)
+    flags |= long_memory_flags(long_memory)
+    assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
+
+
 def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
     agent = p.Agent(2, 3, p.Args(norm_obs=False))
     obs, prev_action, starts = torch.randn(4, 2), torch.tensor([0, 2, 1, 2]), torch.tensor([False, False, True, False])
