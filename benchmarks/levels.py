@@ -21,7 +21,13 @@ MMER, the maximum over training of a 100-episode mean, sits above a policy's mea
 the memoryless policy's mean plus two standard deviations of a 100-episode mean beside it.
 
 The table is printed as Markdown, and written to <out-dir>/levels.md (and to benchmarks/results/levels.md only with
---results).
+--results). `--annotate` marks a report's table (`report.py --mmer`) with them instead:
+
+    python benchmarks/levels.py --levels-file benchmarks/results/levels.md --annotate benchmarks/results/popgym.md
+
+adds to every row `| <env_id>__<config> | ... | MMER | ...` of a task in the levels file two columns, the task's
+memoryless level and where the row's MMER median stands against it: 'clears it' above its MMER noise, 'within its
+noise' between the level and that, 'below it' under the level (the columns are replaced where present).
 """
 
 import copy
@@ -52,6 +58,10 @@ class Args:
     """where levels.md is written"""
     results: bool = False
     """also write benchmarks/results/levels.md (the project's results file)"""
+    levels_file: str | None = None
+    """read the levels from this table (an earlier levels.md) instead of computing them"""
+    annotate: tuple[str, ...] = ()
+    """report tables to mark with the levels, in place (then nothing else is written)"""
 
 
 LOOK_AHEAD = 3  # steps after an action over which it must change nothing for the env to count as a card task
@@ -188,7 +198,70 @@ def table(rows: dict[str, dict], episodes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+LEVEL_COLUMNS = ["memoryless level", "MMER against it"]
+
+
+def read_levels(path: str) -> dict[str, tuple[float, float]]:
+    """A levels.md table: each task's memoryless level and its MMER noise."""
+    levels = {}
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| popgym-") and len(cells) >= 4:
+                levels[cells[0]] = float(cells[2]), float(cells[3])
+    if not levels:
+        raise SystemExit(f"error: --levels-file={path} holds no row '| popgym-<task> | random | memoryless | ...'")
+    return levels
+
+
+def against(mmer: float, level: float, noise: float) -> str:
+    if mmer > noise:
+        return f"clears it ({mmer - level:+.3f})"
+    return f"within its noise ({mmer - level:+.3f})" if mmer >= level else f"below it ({mmer - level:+.3f})"
+
+
+def annotate(path: str, levels: dict[str, tuple[float, float]]) -> int:
+    """Mark every row of a report's table whose task has a level; returns how many rows it marked."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    header, marked = None, 0
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            header = None
+            continue
+        if "MMER" in cells and cells[0] == "config":
+            header = cells if LEVEL_COLUMNS[0] in cells else cells + LEVEL_COLUMNS
+            lines[i] = "| " + " | ".join(header) + " |"
+            continue
+        if header is None:
+            continue
+        if set(line) <= set("|- "):
+            lines[i] = "|" + "---|" * len(header)
+            continue
+        cells = cells[: header.index(LEVEL_COLUMNS[0])] if len(cells) >= len(header) else cells
+        env_id = cells[0].split("__")[0]
+        if env_id in levels:
+            level, noise = levels[env_id]
+            mmer = float(cells[header.index("MMER")].split()[0])
+            cells += [f"{level:.3f}", against(mmer, level, noise)]
+            marked += 1
+        else:
+            cells += ["", ""]
+        lines[i] = "| " + " | ".join(cells) + " |"
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return marked
+
+
 def main(args: Args) -> str:
+    if args.annotate:
+        if args.levels_file is None:
+            raise SystemExit("error: --annotate needs --levels-file (a levels.md this tool wrote)")
+        levels = read_levels(args.levels_file)
+        for path in args.annotate:
+            print(f"{path}: {annotate(path, levels)} rows marked")
+        return ""
     if args.episodes < 1:
         raise SystemExit(f"error: --episodes={args.episodes} must be at least 1")
     for env_id in args.env_ids:

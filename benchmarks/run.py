@@ -49,6 +49,9 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        same observation, previous action and PPO settings (the defaults', and the study's best);
                        `fsmn_gate_gamma0.97`, `fsmn_tuned_gamma0.97` and `sb3_recurrent_ppo_gamma0.97` at the study's
                        best with gamma 0.97 (POPGYM_PPO_GAMMA097).
+  popgym-recall        POPGym's CountRecall and Autoencode (Easy), the tasks that need memory of what was seen, 3
+                       seeds, 1M steps: the gated FSMN and sb3-contrib RecurrentPPO at the study's best with gamma 0.5
+                       (POPGYM_PPO_GAMMA05).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
@@ -185,6 +188,10 @@ POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
 # (popgym.md); the configs named *_gamma0.97 run at it, the LSTM among them
 assert POPGYM_PPO[-2:] == ["--gamma", "0.99"]
 POPGYM_PPO_GAMMA097 = [*POPGYM_PPO[:-2], "--gamma", "0.97"]
+# and with gamma 0.5, for the tasks that need memory of what was seen (CountRecall, Autoencode): every reward there
+# judges the action just taken, and at 0.97 a step's return is mostly the noise of the next answers' rewards
+# (picked on seeds 101 and 102, popgym_recall.md)
+POPGYM_PPO_GAMMA05 = [*POPGYM_PPO[:-2], "--gamma", "0.5"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
@@ -227,6 +234,25 @@ PRESETS: dict[str, dict] = {
         seeds=[1, 2, 3],
         report=dict(
             name="popgym", threshold=None, title="POPGym Easy: the FSMN, its ablation and an LSTM", window=100, mmer=True
+        ),
+    ),
+    "popgym-recall": dict(
+        configs=[
+            config
+            for env_id in ("popgym-CountRecallEasy-v0", "popgym-AutoencodeEasy-v0")
+            for config in (
+                Config("fsmn_gate_gamma0.5", ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO_GAMMA05, *POPGYM_GATE]),
+                Config("sb3_recurrent_ppo_gamma0.5", [*LSTM, "--env-id", env_id, *POPGYM_PPO_GAMMA05]),
+            )
+        ],
+        extra=["--total-timesteps", "1000000"],
+        seeds=[1, 2, 3],
+        report=dict(
+            name="popgym_recall",
+            threshold=None,
+            title="POPGym's CountRecall and Autoencode (Easy): the gated FSMN and an LSTM at gamma 0.5",
+            window=100,
+            mmer=True,
         ),
     ),
     "ppg-heldout": ppg_heldout("tuned", PPG_TUNED, "ppg_heldout", "the study's best"),

@@ -633,3 +633,33 @@ def test_probe_answers_are_the_envs_own_and_it_writes_its_table(tmp_path):
     text = probe.main(probe.Args(env_id="popgym-RepeatPreviousEasy-v0", **tiny))
     assert (tmp_path / "probe_RepeatPreviousEasy.md").read_text().strip() == text.strip()
     assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")][1:] == ["none", "gate"]
+
+
+def test_levels_mark_a_reports_rows_against_the_memoryless_level(tmp_path):
+    """levels.py --annotate: a row's MMER median above its task's MMER noise clears the level, one between the two
+    is within its noise, one under the level is below it; a task without a level gets empty cells; marking again
+    replaces the columns instead of adding more."""
+    import levels
+
+    (tmp_path / "levels.md").write_text(
+        "| task | random | memoryless | MMER noise | perfect | how |\n|---|---|---|---|---|---|\n"
+        "| popgym-CountRecallEasy-v0 | -0.926 | -0.420 | -0.400 | 1.000 | table |\n"
+    )
+    rows = [("CountRecallEasy-v0__a", "-0.300 (-0.4 to 0)"), ("CountRecallEasy-v0__b", "-0.410")]
+    rows += [("CountRecallEasy-v0__c", "-0.463 (-0.478 to -0.454)"), ("RepeatFirstEasy-v0__d", "1.000")]
+    report_table = "intro\n\n| config | seeds | MMER | wall s |\n|---|---|---|---|\n"
+    report_table += "".join(f"| popgym-{name} | 3 | {mmer} | 10 |\n" for name, mmer in rows) + "\nafter\n"
+    (tmp_path / "r.md").write_text(report_table)
+    marks = levels.read_levels(str(tmp_path / "levels.md"))
+    for _ in range(2):
+        assert levels.annotate(str(tmp_path / "r.md"), marks) == 3
+    lines = (tmp_path / "r.md").read_text().splitlines()
+    assert lines[2] == "| config | seeds | MMER | wall s | memoryless level | MMER against it |"
+    assert lines[3] == "|---|---|---|---|---|---|"
+    assert [line.split(" | ")[-2:] for line in lines[4:8]] == [
+        ["-0.420", "clears it (+0.120) |"],
+        ["-0.420", "within its noise (+0.010) |"],
+        ["-0.420", "below it (-0.043) |"],
+        ["", " |"],
+    ]
+    assert lines[0] == "intro" and lines[-2:] == ["", "after"]
