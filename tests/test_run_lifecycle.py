@@ -266,11 +266,15 @@ def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
     ],
 )
 def test_warnings_once_where_they_help(in_tmp, monkeypatch, capsys, name, flags, warning):
-    """Stopped right after the warnings by a file where runs/ would go: each warning once, on stderr."""
+    """Stopped right after the warnings, where the run would start: each warning once, on stderr."""
     script = import_script(name)
     monkeypatch.setattr(script, "cpu_has_bf16", lambda: False, raising=False)
-    (in_tmp / "runs").write_text("")
-    with pytest.raises(SystemExit, match="cannot create runs/"):
+
+    def stop(run, envs):
+        raise SystemExit("stopped where the run starts")
+
+    monkeypatch.setattr(script.Run, "start", stop)
+    with pytest.raises(SystemExit, match="stopped where the run starts"):
         script.main(script.Args(**flags, cuda=False, threads=1, progress=False))
     err = capsys.readouterr().err
     assert err.count(warning) == 1 and err.count("warning: ") == 1, err
