@@ -732,8 +732,10 @@ class Run:
             if self.wandb_run is not None:
                 log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
                 self.wandb_run.finish()
+            # run as a program (the top-level handler was in place), the process only exits from here: a late
+            # signal (a sweep's runner passes on the scheduler's, which the run got too) must not change its status
             for s, handler in previous_handlers.items():
-                signal.signal(s, handler)
+                signal.signal(s, signal.SIG_IGN if handler is interrupted else handler)
             saved = None if not_saved else self.last_good
             sps = int((self.global_step - self.start_step) / seconds)
             steps, returns = self.global_step, self.recent_returns
