@@ -6,15 +6,15 @@
 
 Everything goes under the sweep's folder, <out> (default benchmark_runs/<preset or 'custom'> under the working
 folder), as it is written: each run works in <out>, so its TensorBoard events, videos and W&B files land in
-<out>/runs/, <out>/videos/ and <out>/wandb/ while it runs (`tensorboard --logdir <out>/runs` shows a live sweep), and
-its output in <out>/logs/<run>.log. A run that fails is reported with its log and does not stop the others. A run
-already complete (its marker in <out>/done/) is skipped unless --rerun. Every script's run saves checkpoints
+<out>/runs/, <out>/videos/ and <out>/wandb/ while it runs (`tensorboard --logdir <out>/runs` shows a live sweep),
+and its output in <out>/logs/<run>.log. A run that fails is reported with its log and does not stop the others. A
+run already complete (its marker in <out>/done/) is skipped unless --rerun. Every script's run saves checkpoints
 (--save-model): Ctrl-C or SIGTERM (a scheduler's time limit or preemption) is passed on to each running run, which
 keeps its last checkpoint, and the same command resumes each unfinished run from there (the SB3 peers start again
-from step 0; so does a run on Ray, whose files come back only when it ends, from its previous checkpoint if any). `--backend ray`
-sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, as tasks
-that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks' working dir, and
-each run's runs/, videos/ and wandb/ come back into <out> when it ends.
+from step 0; so does a run on Ray, whose files come back only when it ends, from its previous checkpoint if any).
+`--backend ray` sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray
+instance, as tasks that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks'
+working dir, and each run's runs/, videos/ and wandb/ come back into <out> when it ends.
 
 Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --memory-gate), plus
