@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
 # Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
-# SIGUSR1, what SLURM's --signal sends ahead of a time limit: each stops a run as Ctrl-C does
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C does
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
 
 def interrupted(signum, frame):
