@@ -10,6 +10,7 @@ every life lost for training, inside the emulator's threads. Rewards are clipped
     python ppo_atari.py --eval-checkpoint runs/<run>/checkpoint.pt --eval-episodes 10
 Results: README.md, benchmarks/results/atari_pong.md, benchmarks/results/atari_pong_gpu.md."""
 
+import atexit
 import contextlib
 import copy
 import glob
@@ -25,16 +26,21 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
+# Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
+# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C does
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
 
 def interrupted(signum, frame):
-    """Ctrl-C outside the training loop's own handler (loading, start-up, evaluation): one line, the shell's
-    status 130."""
-    print("interrupted")
-    raise SystemExit(130)
+    """A stop signal outside the training loop's own handler (loading, start-up, evaluation): one line, and the
+    shell's status for the signal, 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+    print("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":  # set before the libraries below load, which takes seconds
-    signal.signal(signal.SIGINT, interrupted)
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, interrupted)
 
 import ale_py
 import gymnasium as gym
@@ -85,7 +91,8 @@ class Args:
     keep_checkpoints: int = 3
     """with --save-model, also keep the newest this many checkpoints by step, checkpoint-<step>.pt"""
     resume: str | None = None
-    """a checkpoint of this script to continue in its own run folder, with its flags unless given"""
+    """a checkpoint of this script to continue in its own run folder, with its flags unless given; `auto`: this
+    run's newest (this env, exp name and seed, under runs/), or a new run where there is none"""
     eval_checkpoint: str | None = None
     """if set, do not train: play --eval-episodes episodes with this checkpoint, print the returns"""
     eval_episodes: int = 10
@@ -590,10 +597,11 @@ def main(args: Args) -> None:
 class Run:
     """A training run's handling, one call for each moment of its life: `Run(args)` sets torch's threads and
     the device and checks the names; `prepare()` reads the checkpoint to resume and names the run and its
-    folders; `restore(agent, optimizer)` loads that checkpoint; `with start(envs):` opens TensorBoard, W&B,
-    the progress bar and the Ctrl-C flag and, however the run ends (done, an error, Ctrl-C), keeps the logs
-    and the last good checkpoint; inside it `iterations()`, then at every env step `check_interrupt()` and
-    `log_episodes(...)`, and `record(...)` and `save(...)` once an iteration is complete."""
+    folders (a new run's claimed at once); `restore(agent, optimizer)` loads that checkpoint; `with
+    start(envs):` opens TensorBoard, W&B, the progress bar and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and,
+    however the run ends (done, an error, a stop signal), keeps the logs and the last good checkpoint; inside
+    it `iterations()`, then at every env step `check_interrupt()` and `log_episodes(...)`, and `record(...)`
+    and `save(...)` once an iteration is complete."""
 
     def __init__(self, args: Args):
         self.args, self.cpu_reading = args, []  # free_cores' last reading
@@ -603,13 +611,15 @@ class Run:
 
     def prepare(self) -> None:
         """The checkpoint to resume, and the run's name and folders: a resumed run goes on in its
-        checkpoint's, from any folder."""
+        checkpoint's, from any folder; a new run's folder is its own from here on (claim_run_name)."""
         args = self.args
         self.checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
+        self.unclaim = None
         if self.checkpoint:
             self.name = self.checkpoint["run_name"]
         else:
-            self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.name, self.unclaim = claim_run_name(name)
         self.dir, self.video_dir, self.root = run_folders(self.name, args.resume)
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
         # a resumed run's videos are named from its first step: the earlier part's stay as they are
@@ -654,24 +664,21 @@ class Run:
 
     @contextlib.contextmanager
     def start(self, envs):
-        """TensorBoard, W&B, the progress bar and the Ctrl-C flag, opened once every check has passed (a
+        """TensorBoard, W&B, the progress bar and the stop flag, opened once every check has passed (a
         refused run writes nothing); on leaving, however the run ended, the last good checkpoint is written
-        and the logs closed (Ctrl-C is ignored meanwhile: interrupting the save or W&B's last sync would lose
-        them)."""
+        and the logs closed (stop signals are ignored meanwhile: interrupting the save or W&B's last sync
+        would lose them)."""
         args = self.args
         # the rounding of a budget the user gave; a default never warns
         if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:
             trained, batches = args.num_iterations * args.batch_size, f"whole batches of {args.batch_size}"
             warn(f"--total-timesteps={args.total_timesteps} trains {trained}, {batches}")
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError as e:
-            why = f"cannot create {self.dir} ({e.strerror}); run from a folder you can write to"
-            raise SystemExit(f"error: {why}") from None
         self.wandb_run = start_wandb(args, self.name, self.root, "train") if args.track else None
         # an earlier part's videos, logged then
         self.logged_videos = set(glob.glob(os.path.join(glob.escape(self.video_dir), "*.mp4")))
         self.writer = SummaryWriter(self.dir)
+        if self.unclaim is not None:  # the folder holds the run's events: it stays whatever happens next
+            atexit.unregister(self.unclaim)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
         print(f"logging to {self.dir}")
@@ -680,8 +687,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # Ctrl-C is honoured at the next env step: a KeyboardInterrupt raised wherever the signal lands
-        # (inside a finalizer, for one) can be swallowed, a flag cannot. A second Ctrl-C interrupts at once.
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt raised
+        # wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A second
+        # signal interrupts at once.
         self.interrupts = []
 
         def on_interrupt(signum, frame):
@@ -689,20 +697,25 @@ class Run:
             if len(self.interrupts) > 1:
                 raise KeyboardInterrupt
 
-        previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+        previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
         except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here the run closes: see below
+            for s in STOP_SIGNALS:  # from here the run closes: see below
+                signal.signal(s, signal.SIG_IGN)
             if self.last_good is not None:
                 kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
             else:
                 why = "no iteration completed" if args.save_model else "no --save-model"
                 kept = f"the logs; no checkpoint: {why}"
-            print(f"interrupted during iteration {self.done_iteration + 1}; keeping {kept}")
-            raise SystemExit(130) from None  # interrupted is not finished: the shell's exit status for Ctrl-C
+            signum = (self.interrupts or [signal.SIGINT])[0]
+            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            print(f"{stopped} during iteration {self.done_iteration + 1}; keeping {kept}")
+            # stopped is not finished: the shell's exit status for the signal (130 for Ctrl-C, 143 for SIGTERM)
+            raise SystemExit(128 + signum) from None
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for s in STOP_SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
             seconds = time.time() - self.start_time
             self.progress.close()
             not_saved = None
@@ -716,7 +729,10 @@ class Run:
             if self.wandb_run is not None:
                 log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
                 self.wandb_run.finish()
-            signal.signal(signal.SIGINT, previous_handler)
+            # run as a program (the top-level handler was in place), the process only exits from here: a late
+            # signal (a sweep's runner passes on the scheduler's, which the run got too) must not change its status
+            for s, handler in previous_handlers.items():
+                signal.signal(s, signal.SIG_IGN if handler is interrupted else handler)
             saved = None if not_saved else self.last_good
             sps = int((self.global_step - self.start_step) / seconds)
             steps, returns = self.global_step, self.recent_returns
@@ -733,7 +749,7 @@ class Run:
             yield iteration
 
     def check_interrupt(self) -> None:
-        """At every env step: a Ctrl-C since the last one ends the run here."""
+        """At every env step: a stop signal since the last one ends the run here."""
         if self.interrupts:
             raise KeyboardInterrupt
 
@@ -920,15 +936,53 @@ def warn(message: str) -> None:
 
 def cli(argv: list[str] | None = None) -> Args:
     """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
-    change."""
+    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is none;
+    a run it finds complete is said in one line, and nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    default = None
-    for i, arg in enumerate(argv):
+    resume = None
+    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
         flag, _, value = arg.partition("=")
         if flag == "--resume" and (value or i + 1 < len(argv)):
-            saved = load_checkpoint(value or argv[i + 1], "--resume")["args"]
-            default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
-    return replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
+            resume = value or argv[i + 1]
+    path = own_checkpoint(tyro.cli(Args, args=argv)) if resume == "auto" else resume
+    checkpoint = load_checkpoint(path, "--resume") if path is not None else None
+    default = None
+    if checkpoint is not None:
+        saved = checkpoint["args"]
+        default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
+    args = replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
+    if resume == "auto":
+        args.resume = path  # from here on, as if it had been given
+        if checkpoint is None:
+            print("--resume auto found no checkpoint of this run under runs/: starting a new run")
+        elif checkpoint.get("iteration", 0) >= args.num_iterations:
+            done = f"at step {checkpoint['global_step']} of --total-timesteps={args.total_timesteps}"
+            print(f"{os.path.dirname(path)} already finished {done}; nothing to do")
+            raise SystemExit(0)  # a job started again after its run completed is done, not failed
+        else:
+            print(f"resuming {path} at step {checkpoint.get('global_step', 0)}")
+    return args
+
+
+def own_checkpoint(args: Args) -> str | None:
+    """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env id,
+    experiment name and seed are this run's, or None; never another run's."""
+    if not args.save_model:
+        why = "needs --save-model: without checkpoints there is nothing to continue from"
+        raise SystemExit(f"error: --resume=auto {why}")
+    check_names(args)  # the names below stay inside runs/
+    run = glob.escape(f"{args.env_id}__{args.exp_name}__{args.seed}__")
+    paths = sorted(glob.glob(os.path.join("runs", f"{run}*", "checkpoint.pt")), key=os.path.getmtime)
+    for path in reversed(paths):
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # not a checkpoint, so not this run's either
+            continue
+        saved = checkpoint.get("args", {}) if isinstance(checkpoint, dict) else {}
+        same = all(saved.get(flag) == getattr(args, flag) for flag in ("env_id", "exp_name", "seed"))
+        if same and checkpoint.get("script") == SCRIPT:
+            return path
+    return None
 
 
 def check_names(args: Args) -> None:
@@ -946,6 +1000,42 @@ def check_names(args: Args) -> None:
             if not name or set(name) & set("/\\#?%:") or len(name) > 64:
                 refused = f"--{flag.replace('_', '-')}={name}"
                 raise SystemExit(f"error: {refused} must be 1 to 64 characters, none of /\\#?%:")
+
+
+def claim_run_name(name: str):
+    """The new run's name, `name` or, where runs/<name> exists, <name>-2, <name>-3, ...: os.mkdir makes its
+    folder or fails where another process made it first, so that runs started in the same second never share
+    a folder, a checkpoint, event files or a W&B id. Returns the name and `unclaim`, run at exit until the run
+    starts: it removes the folders the claim made while they are empty, so that a run refused later leaves
+    nothing."""
+    parent = os.path.dirname(os.path.join("runs", name))
+    made, folder = [], parent  # the folders the claim makes, deepest first
+    while folder and not os.path.isdir(folder):
+        made.append(os.path.abspath(folder))
+        folder = os.path.dirname(folder)
+    claimed, n = name, 1
+    try:
+        os.makedirs(parent, exist_ok=True)
+        while True:
+            try:
+                os.mkdir(os.path.join("runs", claimed))
+                break
+            except FileExistsError:  # another run's, maybe started in the same second
+                n += 1
+                claimed = f"{name}-{n}"
+    except OSError as e:
+        where = os.path.join("runs", claimed)
+        why = f"cannot create {where} ({e.strerror}); run from a folder you can write to"
+        raise SystemExit(f"error: {why}") from None
+    made.insert(0, os.path.abspath(os.path.join("runs", claimed)))
+
+    def unclaim():
+        with contextlib.suppress(OSError):  # a folder no longer empty stays, and those above it
+            for folder in made:
+                os.rmdir(folder)
+
+    atexit.register(unclaim)
+    return claimed, unclaim
 
 
 def run_folders(run_name: str, resume: str | None) -> tuple[str, str, str]:

@@ -6,14 +6,15 @@
 
 Everything goes under the sweep's folder, <out> (default benchmark_runs/<preset or 'custom'> under the working
 folder), as it is written: each run works in <out>, so its TensorBoard events, videos and W&B files land in
-<out>/runs/, <out>/videos/ and <out>/wandb/ while it runs (`tensorboard --logdir <out>/runs` shows a live sweep), and
-its output in <out>/logs/<run>.log. A run that fails is reported with its log and does not stop the others. A run
-already complete (its marker in <out>/done/) is skipped unless --rerun. Every script's run saves checkpoints
-(--save-model): Ctrl-C (or SIGTERM) passes one Ctrl-C to each running run, which keeps its last checkpoint, and
-the same command resumes each unfinished run from there (the SB3 peers start again from step 0). `--backend ray`
-sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray instance, as tasks
-that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks' working dir, and
-each run's runs/, videos/ and wandb/ come back into <out> when it ends.
+<out>/runs/, <out>/videos/ and <out>/wandb/ while it runs (`tensorboard --logdir <out>/runs` shows a live sweep),
+and its output in <out>/logs/<run>.log. A run that fails is reported with its log and does not stop the others. A
+run already complete (its marker in <out>/done/) is skipped unless --rerun. Every script's run saves checkpoints
+(--save-model): Ctrl-C or SIGTERM (a scheduler's time limit or preemption) is passed on to each running run, which
+keeps its last checkpoint, and the same command resumes each unfinished run from there (the SB3 peers start again
+from step 0; so does a run on Ray, whose files come back only when it ends, from its previous checkpoint if any).
+`--backend ray` sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray
+instance, as tasks that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks'
+working dir, and each run's runs/, videos/ and wandb/ come back into <out> when it ends.
 
 Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --memory-gate), plus
@@ -68,7 +69,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -490,7 +491,7 @@ def run_local(
 ) -> int:
     """Run one command with <out> as its working folder, so its runs/, videos/ and wandb/ land there as they are
     written, its output appended to its log as it comes. The process gets a session of its own: a Ctrl-C at the
-    terminal reaches the runner alone, which passes exactly one SIGINT on to each run (see main)."""
+    terminal reaches the runner alone, which passes exactly one signal on to each run (see main)."""
     env = None if threads is None else dict(os.environ, OMP_NUM_THREADS=str(threads))
     with open(log_path, "a") as log:
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n")
@@ -578,10 +579,11 @@ def ray_init(address: str | None, num_cpus: int) -> None:
             raise SystemExit(f"error: {where}: Ray did not start: {str(e).strip().splitlines()[0]}") from None
 
 
-def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
+def ray_results(args: Args, jobs: dict[str, list[str]], out: str, stop: list[int]):
     """Yield (key, exit code) for every job as its Ray task (on the instance of `ray_init`) finishes, its files
     unpacked into <out> and its output appended to its log. A task's files come back when it ends: a run on another
-    node is not visible before."""
+    node is not visible before. Once a stop signal has come (in `stop`), the tasks still running are dropped with
+    their files."""
     import io
     import tarfile
 
@@ -593,8 +595,10 @@ def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
         resume = [argv[argv.index("--resume") + 1]] if "--resume" in argv else []
         pending[task.remote(argv, files=pack(out, resume))] = key
     try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+        while pending and not stop:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a stop signal is read between waits
+            if not done:
+                continue
             key = pending.pop(done[0])
             code, output, archive = ray.get(done[0])
             with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
@@ -606,30 +610,35 @@ def ray_results(args: Args, jobs: dict[str, list[str]], out: str):
         ray.shutdown()
 
 
-def local_results(args: Args, jobs: dict[str, list[str]], out: str):
-    """Yield (key, exit code) for every job as its process ends, `--workers` at a time on this machine. On Ctrl-C
-    (or SIGTERM) no further run starts, each running one gets one SIGINT, and the runner waits while they save
-    their checkpoints; then KeyboardInterrupt goes on up."""
+def local_results(args: Args, jobs: dict[str, list[str]], out: str, stop: list[int]):
+    """Yield (key, exit code) for every job as its process ends, `--workers` at a time on this machine. Once a stop
+    signal has come (in `stop`), no further run starts and each running one gets that signal, and a second one as
+    the runner does; their exit codes still come as they end, after they have saved their checkpoints."""
     live, lock, threads = {}, threading.Lock(), threads_per_run(args.workers)
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         futures = {
             pool.submit(run_local, argv, out, os.path.join(out, "logs", f"{key}.log"), threads, live, lock): key
             for key, argv in jobs.items()
         }
-        try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-        except KeyboardInterrupt:
-            with lock:
-                live["stopping"] = True
-                running = [p for pid, p in live.items() if pid != "stopping"]
-            for process in running:
-                process.send_signal(signal.SIGINT)
-            print(f"interrupted: waiting for {len(running)} running run(s) to save their checkpoints", flush=True)
-            for future in futures:
-                future.cancel()
-            pool.shutdown(wait=True)
-            raise
+        pending, passed_on = set(futures), 0
+        while pending:
+            # a short wait, so that a stop signal is passed on within a second
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                if not future.cancelled():  # a queued run that the stop cancelled never started
+                    yield futures[future], future.result()
+            if len(stop) > passed_on:
+                with lock:
+                    live["stopping"] = True
+                    running = [p for pid, p in live.items() if pid != "stopping"]
+                for signum in stop[passed_on:]:
+                    for process in running:
+                        process.send_signal(signum)
+                for future in pending:
+                    future.cancel()
+                if not passed_on:
+                    print(f"interrupted: waiting for {len(running)} running run(s) to save their checkpoints", flush=True)
+                passed_on = len(stop)
 
 
 def main(args: Args) -> None:
@@ -657,29 +666,29 @@ def main(args: Args) -> None:
     print(f"watch them: tensorboard --logdir {os.path.join(out, 'runs')}; each run's output: {os.path.join(out, 'logs')}")
     failed, start, finished = [], time.time(), 0
     # Ctrl-C, also where a shell started the runner with SIGINT ignored (in the background), and SIGTERM (a cluster's
-    # scheduler, `kill`) stop the sweep alike: the running runs keep their checkpoints
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    results = local_results(args, jobs, out) if args.backend == "local" else ray_results(args, jobs, out)
+    # scheduler, `kill`) stop the sweep alike, and each is passed on to the running runs, which keep their
+    # checkpoints. A flag read between waits, not an exception: one could land between a run's end and its marker.
+    stop = []
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    results = local_results if args.backend == "local" else ray_results
     progress = tqdm(total=len(jobs), desc="runs")
-    try:
-        for key, code in results:
-            progress.update()
-            if code == 0:
-                with open(os.path.join(out, "done", key), "w") as marker:
-                    marker.write(shlex.join(jobs[key]) + "\n")
-                finished += 1
-            else:
-                failed.append(key)
-                tqdm.write(f"FAILED {key} (exit {code}): see {os.path.join(out, 'logs', key + '.log')}")
-    except KeyboardInterrupt:  # the runs cut short get no completion marker: the same command resumes them
-        progress.close()
+    for key, code in results(args, jobs, out, stop):
+        progress.update()
+        if code == 0:  # a run that reached its budget; a stopped one exits with 128 + the signal
+            with open(os.path.join(out, "done", key), "w") as marker:
+                marker.write(shlex.join(jobs[key]) + "\n")
+            finished += 1
+        elif not stop:
+            failed.append(key)
+            tqdm.write(f"FAILED {key} (exit {code}): see {os.path.join(out, 'logs', key + '.log')}")
+    progress.close()
+    if stop:  # the runs cut short get no completion marker: the same command resumes them
         print(
             f"interrupted: {finished} of {len(jobs)} runs finished; the same command resumes the others "
             "(each from its last checkpoint)"
         )
-        raise SystemExit(130) from None
-    progress.close()
+        raise SystemExit(128 + stop[0])  # the shell's status for the signal: 130 for Ctrl-C, 143 for SIGTERM
     print(f"done in {time.time() - start:.0f} s; {len(failed)} failed")
     if report and args.report:
         from report import Args as ReportArgs

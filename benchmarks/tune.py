@@ -980,7 +980,13 @@ def main(args: Args) -> None:
         per_trial = len(space["envs"]) * len(space["seeds"])
         ray_init(args.address, math.ceil(args.workers * per_trial * args.cpus_per_run))
     # Ctrl-C and SIGTERM stop the running trials; their runs, in sessions of their own, get one SIGINT each
-    handlers = {s: signal.signal(s, lambda *_: STOP.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped_by = []
+
+    def on_stop(signum, frame):
+        stopped_by.append(signum)
+        STOP.set()
+
+    handlers = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.time()
     try:
         if finished() < args.trials:
@@ -1000,7 +1006,7 @@ def main(args: Args) -> None:
             print(path)
     if STOP.is_set():
         print("interrupted: the same command resumes the study")
-        raise SystemExit(130)
+        raise SystemExit(128 + (stopped_by or [signal.SIGINT])[0])  # the shell's status: 130 for Ctrl-C, 143 for SIGTERM
 
 
 if __name__ == "__main__":

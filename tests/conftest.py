@@ -249,6 +249,44 @@ def run_until_reached(script: str, *flags: str, cwd: str, threshold: float, wind
     return returns
 
 
+# The script run as its own `__main__`, with one change: its TensorBoard writer sends the process the signal `signum` (a
+# number) once, as soon as it has logged charts/SPS `after` times (each iteration logs it once, in `Run.record`): a
+# signal that lands mid-run at the same place in every run.
+SIGNAL_AFTER = r"""
+import os, runpy, sys
+
+import torch.utils.tensorboard
+
+signum, after, script, *flags = sys.argv[1:]
+logged = []
+
+
+class SignalAfter(torch.utils.tensorboard.SummaryWriter):
+    def add_scalar(self, tag, *args, **kwargs):
+        super().add_scalar(tag, *args, **kwargs)
+        if tag == "charts/SPS":
+            logged.append(tag)
+            if len(logged) == int(after):
+                os.kill(os.getpid(), int(signum))
+
+
+torch.utils.tensorboard.SummaryWriter = SignalAfter
+sys.argv, sys.path[0] = [script, *flags], os.path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run_script_signalled(
+    script: str, *flags: str, signum: int, after: int, cwd: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`run_script`, with the signal `signum` sent to the run once it has recorded `after` iterations."""
+    with tempfile.TemporaryDirectory() as folder:
+        wrapper = os.path.join(folder, "signal_after.py")
+        with open(wrapper, "w") as f:
+            f.write(SIGNAL_AFTER)
+        return run_script(wrapper, str(int(signum)), str(after), os.path.join(ROOT, script), *flags, cwd=cwd, env=env)
+
+
 WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # --track without a network: the run goes to ./wandb
 # no display, as on a server: SDL (pygame) complains unless the scripts render off-screen, as they should
 NO_DISPLAY = {"XDG_RUNTIME_DIR": "", "DISPLAY": "", "WAYLAND_DISPLAY": ""}

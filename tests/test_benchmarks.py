@@ -1,6 +1,7 @@
 """benchmarks/: the report on synthetic event files written here, and the runner end to end on tiny runs. No tool
 writes into the repository unless told to (`repository_unchanged`), and none of these tests depends on the load."""
 
+import contextlib
 import glob
 import math
 import os
@@ -344,12 +345,14 @@ def test_runner_keeps_videos_and_wandb_runs(tmp_path):
 
 
 @pytest.mark.smoke
-def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
-    """Ctrl-C as a terminal sends it (SIGINT to the runner's process group): the runner passes it on to the run, which
-    keeps its events, log and last checkpoint under the sweep's folder while it runs; the runner exits 130 with one
-    line and no traceback, marks nothing complete and starts nothing more. Run again (here with a budget just past
-    the checkpoint, so that the test ends), the sweep resumes the run from its checkpoint in its own run folder and
-    runs the queued one from step 0."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_runner_stopped_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path, signum):
+    """Ctrl-C as a terminal sends it (SIGINT to the runner's process group), or SIGTERM as a scheduler sends it at a
+    time limit (to every process of the job, the run as well as the runner): the runner passes it on to the run, which
+    keeps its events, log and last checkpoint under the sweep's folder while it runs; the runner exits with 128 + the
+    signal, one line and no traceback, marks nothing complete and starts nothing more. Run again (here with a budget
+    just past the checkpoint, so that the test ends), the sweep resumes the run from its checkpoint in its own run
+    folder and runs the queued one from step 0."""
     flags = ["--scripts", "ppo_fsmn_cartpole.py", "--seeds", "1", "2", "--out", str(tmp_path), "--no-report"]
     long_runs = f"--extra={TINY} --total-timesteps 10000000 --save-interval 1"
     runner = start_tool("benchmarks/run.py", [*flags, long_runs], str(tmp_path))
@@ -359,19 +362,26 @@ def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
     try:
         (checkpoint_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))  # visible while it runs
         assert glob.glob(str(tmp_path / "runs" / "*" / "events.*")) and os.listdir(tmp_path / "logs")
-        os.killpg(runner.pid, signal.SIGINT)
+        if signum == signal.SIGTERM:  # the scheduler's own SIGTERM reaches the run too, then the runner's
+            for pid in children(runner.pid):
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, signal.SIGTERM)
+        os.killpg(runner.pid, signum)
         stdout, stderr = runner.communicate(timeout=60)
     finally:
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
-        for command in child_commands(runner.pid):  # never leave a training run behind
-            subprocess.run(["pkill", "-f", command.strip()])
-    assert runner.returncode == 130, stderr
+        for pid in children(runner.pid):  # never leave a training run behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert runner.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted: 0 of 2 runs finished" in stdout
     assert os.listdir(tmp_path / "done") == []
     log = (tmp_path / "logs" / "ppo_fsmn_cartpole__default__1.log").read_text()
-    assert "interrupted during iteration" in log and "=== exit 130" in log
+    stopped = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert f"{stopped} during iteration" in log and f"=== exit {128 + signum}" in log, log
+    assert "Traceback" not in log, log
     assert not (tmp_path / "logs" / "ppo_fsmn_cartpole__default__2.log").exists()  # queued: never started
     step = torch.load(checkpoint_path, weights_only=True)["global_step"]
 
@@ -387,16 +397,16 @@ def test_runner_ctrl_c_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path):
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == step + 256
 
 
-def child_commands(pid: int) -> list[str]:
-    """The command lines of a process's children, whichever of its threads started them (Linux /proc)."""
-    commands = []
+def children(pid: int) -> list[int]:
+    """The ids of a process's children, whichever of its threads started them (Linux /proc)."""
+    found = []
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
             if int(open(stat).read().rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the parent
-                commands.append(open(os.path.join(os.path.dirname(stat), "cmdline")).read().replace("\0", " "))
+                found.append(int(os.path.basename(os.path.dirname(stat))))
         except (OSError, IndexError, ValueError):  # a process that ended meanwhile
             pass
-    return commands
+    return found
 
 
 def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):

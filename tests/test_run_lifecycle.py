@@ -6,6 +6,7 @@ once.
 W&B runs offline."""
 
 import glob
+import hashlib
 import os
 import signal
 import subprocess
@@ -14,7 +15,16 @@ import time
 
 import pytest
 import torch
-from conftest import NO_DISPLAY, ROOT, WANDB_OFFLINE, import_script, read_scalars, run_script, wandb_records
+from conftest import (
+    NO_DISPLAY,
+    ROOT,
+    WANDB_OFFLINE,
+    import_script,
+    read_scalars,
+    run_script,
+    run_script_signalled,
+    wandb_records,
+)
 
 SCRIPT = "ppo_fsmn_cartpole.py"
 TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
@@ -266,11 +276,211 @@ def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
     ],
 )
 def test_warnings_once_where_they_help(in_tmp, monkeypatch, capsys, name, flags, warning):
-    """Stopped right after the warnings by a file where runs/ would go: each warning once, on stderr."""
+    """Stopped right after the warnings, where the run would start: each warning once, on stderr."""
     script = import_script(name)
     monkeypatch.setattr(script, "cpu_has_bf16", lambda: False, raising=False)
-    (in_tmp / "runs").write_text("")
-    with pytest.raises(SystemExit, match="cannot create runs/"):
+
+    def stop(run, envs):
+        raise SystemExit("stopped where the run starts")
+
+    monkeypatch.setattr(script.Run, "start", stop)
+    with pytest.raises(SystemExit, match="stopped where the run starts"):
         script.main(script.Args(**flags, cuda=False, threads=1, progress=False))
     err = capsys.readouterr().err
     assert err.count(warning) == 1 and err.count("warning: ") == 1, err
+
+
+# every script at its smallest, a batch of BATCH[script] steps; the machinery under test is the same in all of them
+SMALLEST = {
+    "ppo_fsmn_cartpole.py": ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"],
+    "ppo_continuous.py": ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"],
+    "ppg_lunarlander.py": ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
+    + ["--n-iteration", "2", "--num-aux-rollouts", "2", "--e-policy", "1", "--e-value", "1", "--e-auxiliary", "1"],
+    "ppo_atari.py": ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"],
+    "ppo_transformer_pong.py": ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
+    + ["--lookback", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2"],
+}
+BATCH = {"ppo_fsmn_cartpole.py": 128, "ppo_continuous.py": 64, "ppg_lunarlander.py": 128, "ppo_atari.py": 32}
+BATCH["ppo_transformer_pong.py"] = 32
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("script", sorted(SMALLEST))
+def test_sigterm_keeps_the_last_iteration_and_the_same_command_resumes_it(tmp_path, script):
+    """SIGTERM, what a scheduler sends at a time limit or a preemption, during the second of three iterations of a
+    run started with `--resume auto` (none to resume yet): the run stops at its next env step with one line naming the
+    signal, its summary and status 143, keeping its logs and the first iteration's checkpoint (saved by the stop:
+    --save-interval is far off). The same command, started again as a scheduler requeues a job, goes on from that
+    checkpoint in the same folder to the end; once more, it says the run is finished, exits 0 and starts nothing."""
+    cwd, batch = str(tmp_path), BATCH[script]
+    flags = [*SMALLEST[script], "--threads", "1", "--no-progress", "--total-timesteps", str(3 * batch)]
+    flags += ["--save-model", "--save-interval", "1000", "--resume", "auto"]
+    stopped = run_script_signalled(script, *flags, signum=signal.SIGTERM, after=1, cwd=cwd)
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    (run_dir,) = glob.glob(os.path.join(cwd, "runs", "*"))
+    name = os.path.relpath(run_dir, cwd)
+    lines = stopped.stdout.splitlines()
+    assert lines[0] == "--resume auto found no checkpoint of this run under runs/: starting a new run", lines
+    assert lines[-4:] == [
+        "stopped by SIGTERM during iteration 2; keeping the logs and the checkpoint of iteration 1",
+        lines[-3],
+        f"checkpoint: {name}/checkpoint.pt (iteration 1, step {batch})",
+        f"tensorboard --logdir {name}",
+    ], lines
+    assert lines[-3].startswith(f"step {batch}: ") and "steps/s" in lines[-3], lines
+    checkpoint = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)
+    assert (checkpoint["iteration"], checkpoint["global_step"]) == (1, batch)
+    # everything logged reached the event file, which the stop closed
+    assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch]
+
+    resumed = run_script(script, *flags, cwd=cwd)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.splitlines()[0] == f"resuming {name}/checkpoint.pt at step {batch}", resumed.stdout
+    assert glob.glob(os.path.join(cwd, "runs", "*")) == [run_dir] and len(glob.glob(os.path.join(run_dir, "events.*"))) == 2
+    assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch, 3 * batch]
+    assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=True)["global_step"] == 3 * batch
+
+    again = run_script(script, *flags, cwd=cwd)
+    assert again.returncode == 0, again.stdout + again.stderr
+    finished = f"{name} already finished at step {3 * batch} of --total-timesteps={3 * batch}; nothing to do"
+    assert again.stdout.splitlines() == [finished] and again.stderr == "", again.stdout + again.stderr
+    assert glob.glob(os.path.join(cwd, "runs", "*")) == [run_dir] and len(glob.glob(os.path.join(run_dir, "events.*"))) == 2
+
+
+def test_resume_auto_takes_this_runs_newest_checkpoint_and_never_another_runs(in_tmp):
+    """Checkpoints of this run (env, exp name, seed), of other runs whose names begin alike, of another script and
+    one that is not a checkpoint: `--resume auto` takes the newest of this run's, whatever is newer; without
+    --save-model it is one line."""
+    script = import_script(SCRIPT[: -len(".py")])
+    mine = dict(env_id="CartPole-v1", exp_name="mine", seed=2)
+    placed = [  # (folder, what its checkpoint.pt holds), oldest first
+        ("CartPole-v1__mine__2__100", {"script": "ppo_fsmn_cartpole", "args": mine}),
+        ("CartPole-v1__mine__2__200", {"script": "ppo_fsmn_cartpole", "args": mine}),
+        ("CartPole-v1__mine__2__300", {"script": "ppo_continuous", "args": mine}),
+        ("CartPole-v1__mine__2__400", {"script": "ppo_fsmn_cartpole", "args": {**mine, "seed": 3}}),
+        ("CartPole-v1__mine__20__500", {"script": "ppo_fsmn_cartpole", "args": {**mine, "seed": 20}}),
+        ("CartPole-v1__mine2__2__600", {"script": "ppo_fsmn_cartpole", "args": {**mine, "exp_name": "mine2"}}),
+        ("Acrobot-v1__mine__2__700", {"script": "ppo_fsmn_cartpole", "args": {**mine, "env_id": "Acrobot-v1"}}),
+        ("CartPole-v1__mine__2__800", None),
+    ]
+    for mtime, (folder, checkpoint) in enumerate(placed):
+        path = os.path.join("runs", folder, "checkpoint.pt")
+        os.makedirs(os.path.dirname(path))
+        if checkpoint is None:
+            open(path, "w").write("not a checkpoint")
+        else:
+            torch.save(checkpoint, path)
+        os.utime(path, (1000 + mtime, 1000 + mtime))
+    args = script.Args(**mine, save_model=True)
+    assert script.own_checkpoint(args) == os.path.join("runs", "CartPole-v1__mine__2__200", "checkpoint.pt")
+    assert script.own_checkpoint(script.Args(**{**mine, "seed": 4}, save_model=True)) is None
+    with pytest.raises(SystemExit) as refusal:
+        script.own_checkpoint(script.Args(**mine))
+    assert str(refusal.value.code).startswith("error: --resume=auto needs --save-model: "), refusal.value.code
+
+
+# Two runs of a script, forked at once from one process, each with its own flags (a JSON list of two flag lists) and
+# its output in run<k>.out; both wait where their names are chosen (the clock read in Run.prepare) until both are
+# there, so that they read the same second unless the machine stalls one of them at that very moment.
+TWO_AT_ONCE = r"""
+import atexit, json, os, runpy, sys, threading, time, traceback
+
+script, barrier, commands = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+clock = time.time
+
+
+def clock_after_the_barrier():
+    if sys._getframe(1).f_code.co_name == "prepare":
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
+        while len(os.listdir(barrier)) < len(commands):
+            time.sleep(0.001)
+    return clock()
+
+
+for k, flags in enumerate(commands):
+    if os.fork() == 0:
+        out = os.open(f"run{k}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1), os.dup2(out, 2)
+        time.time = clock_after_the_barrier
+        sys.argv, sys.path[0] = [script, *flags], os.path.dirname(script)
+        code = 0
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+codes = [os.waitstatus_to_exitcode(os.wait()[1]) for _ in commands]
+print(json.dumps(codes))
+"""
+
+
+@pytest.mark.smoke
+def test_two_runs_started_at_once_get_their_own_folders_checkpoints_and_wandb_runs(tmp_path):
+    """Two runs of the same env, exp name and seed, started at the same moment with different learning rates, as a
+    shell loop with `&` starts them: two run folders (the second's name takes a suffix when both read the same
+    second), each with its own checkpoint that resumes with its own flags, and two W&B runs (offline)."""
+    import json
+
+    script = import_script(SCRIPT[: -len(".py")])
+    rates = ["0.001", "0.002"]
+    flags = [*TINY, "--total-timesteps", "128", "--no-progress", "--save-model", "--track"]
+    commands = json.dumps([[*flags, "--learning-rate", rate] for rate in rates])
+    barrier = tmp_path / "barrier"
+    (work := tmp_path / "work").mkdir(), barrier.mkdir()
+    wrapper = tmp_path / "two_at_once.py"
+    wrapper.write_text(TWO_AT_ONCE)
+    result = run_script(str(wrapper), os.path.join(ROOT, SCRIPT), str(barrier), commands, cwd=str(work), env=WANDB_OFFLINE)
+    outputs = [(work / f"run{k}.out").read_text() for k in range(2)]
+    assert result.returncode == 0 and json.loads(result.stdout) == [0, 0], (result.stdout, result.stderr, outputs)
+
+    names = sorted(os.listdir(work / "runs"))
+    assert len(names) == 2, names
+    first, second = (name.rsplit("__", 1)[1] for name in names)
+    if first.split("-")[0] == second.split("-")[0]:  # the same second: the name taken second has a suffix
+        assert sorted([first, second]) == [first.split("-")[0], first.split("-")[0] + "-2"], names
+    saved_rates = []
+    for name in names:
+        path = os.path.join(work, "runs", name, "checkpoint.pt")
+        checkpoint = torch.load(path, weights_only=True)
+        assert checkpoint["run_name"] == name
+        assert f"logging to runs/{name}" in "".join(outputs)
+        saved_rates.append(checkpoint["args"]["learning_rate"])
+        assert script.cli(["--resume", path]).learning_rate == saved_rates[-1]  # its own flags, resumed
+    assert sorted(saved_rates) == [float(rate) for rate in rates]
+    ids = {run.rsplit("-", 1)[1] for run in offline_runs(work)}
+    assert len(offline_runs(work)) == 2 and ids == {hashlib.sha256(name.encode()).hexdigest()[:16] for name in names}
+
+
+REFUSED_AFTER_THE_NAME = r"""
+import os, runpy, sys
+
+import gymnasium
+
+script, *flags = sys.argv[1:]
+
+
+def refuse(*args, **kwargs):
+    raise SystemExit("error: refused after the run's name was chosen")
+
+
+gymnasium.vector.SyncVectorEnv = refuse
+sys.argv, sys.path[0] = [script, *flags], os.path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_a_run_refused_after_its_name_was_chosen_leaves_nothing(tmp_path):
+    """Refused where its envs are built, after its folder was claimed: one line, and no runs/ left behind."""
+    (work := tmp_path / "work").mkdir()
+    wrapper = tmp_path / "refused.py"
+    wrapper.write_text(REFUSED_AFTER_THE_NAME)
+    result = run_script(str(wrapper), os.path.join(ROOT, SCRIPT), *TINY, "--total-timesteps", "128", cwd=str(work))
+    assert result.returncode == 1 and result.stderr == "error: refused after the run's name was chosen\n", result.stderr
+    assert os.listdir(work) == []

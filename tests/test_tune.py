@@ -255,11 +255,13 @@ def study_states(path: str, name: str) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.smoke
-def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_tiny_study_stops_on_ctrl_c_or_sigterm_resumes_and_prunes(tmp_path, signum):
     """A study on CartPole with no --out (it works under benchmark_runs/tune/<study>): a trial that learns,
-    then one that cannot (learning rate 0; both queued), interrupted by Ctrl-C: the tuner stops its run, marks
-    it failed, queues its flags again, writes the report and exits 130 without a traceback. The same command
-    runs the queued flags, and the pruner stops them against the first trial's values at the same steps."""
+    then one that cannot (learning rate 0; both queued), interrupted by Ctrl-C or SIGTERM: the tuner stops its
+    run, marks it failed, queues its flags again, writes the report and exits with 128 + the signal, without a
+    traceback. The same command runs the queued flags, and the pruner stops them against the first trial's
+    values at the same steps."""
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
     out = tmp_path / "benchmark_runs" / "tune" / "tiny"
     out.mkdir(parents=True)
@@ -273,12 +275,12 @@ def test_tiny_study_stops_on_ctrl_c_resumes_and_prunes(tmp_path):
         try:
             while tuner.poll() is None and not glob.glob(str(out / "trials" / "1" / "logs" / "*.log")):
                 time.sleep(0.2)
-            os.killpg(tuner.pid, signal.SIGINT)
+            os.killpg(tuner.pid, signum)
             stdout, stderr = tuner.communicate(timeout=600)  # a slow machine: the report still to write
         finally:
             if tuner.poll() is None:
                 os.killpg(tuner.pid, signal.SIGKILL)
-        assert tuner.returncode == 130, stdout + stderr
+        assert tuner.returncode == 128 + signum, stdout + stderr
         assert "Traceback" not in stderr, stderr
         assert "trial 0: " in stdout
         assert "trial 1 interrupted: its flags run first when the study resumes" in stdout
