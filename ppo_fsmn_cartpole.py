@@ -642,11 +642,8 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
-    # the previous rollout's last --context-steps steps (at first, empty episodes: a start at every step) and the
-    # memory before them
-    context_starts = torch.ones((args.context_steps, args.num_envs), dtype=torch.bool, device=device)
-    context = (obs[: args.context_steps], prev_actions[: args.context_steps], context_starts)
-    context_memory = memory.clone()
+    # the previous rollout's last --context-steps steps, and the memory before them (at first, all episode starts)
+    context, context_memory = [x[: args.context_steps] for x in (obs, prev_actions, ~episode_starts)], memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -660,13 +657,12 @@ def main(args: Args) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            # training replays each sequence from here: the rollout's start, or --context-steps before it
-            initial_memory = memory.clone() if args.context_steps == 0 else context_memory
+            initial_memory = memory.clone()  # training replays each sequence from here (or its context)
             final_values.zero_()
             for step in range(args.num_steps):
                 run.check_interrupt()
                 if step == args.num_steps - args.context_steps:  # the next rollout's context starts here
-                    context_memory = memory.clone()
+                    next_context_memory = memory.clone()
                 global_step += args.num_envs
                 obs[step] = next_obs
                 episode_starts[step] = next_done
@@ -703,9 +699,11 @@ def main(args: Args) -> None:
                 next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
                 gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
-                # (context + T, B, ...): the policy's input, context first
+                # (context + T, B, ...): the policy's input, context first, replayed from the memory before it
                 replayed = [torch.cat(pair) for pair in zip(context, (obs, prev_actions, episode_starts))]
                 seen_obs, seen_starts = agent.observe(*replayed), replayed[2]
+                if args.context_steps:
+                    initial_memory, context_memory = context_memory, next_context_memory
                 last = slice(args.num_steps - args.context_steps, args.num_steps)
                 context = [x[last].clone() for x in (obs, prev_actions, episode_starts)]
             if args.norm_obs:
