@@ -7,6 +7,7 @@
     python benchmarks/sps.py --pair transformer-pong-gpu --repeats 1  # on a GPU: the transformer against ppo_atari.py
     python benchmarks/sps.py --pair fsmn-cartpole --against 65b7b5a   # also the script as it was at a git commit
     python benchmarks/sps.py --pair fsmn-memory --repeats 2         # the FSMN's steps/s as its memory reaches further back
+    python benchmarks/sps.py --pair fsmn-context --repeats 3        # the FSMN trained with and without --context-steps
 
 Each repeat runs the peer, then the script, as separate processes one after the other (never at once: they
 would share the cores); every second repeat runs them in the reverse order, so that a machine whose speed drifts
@@ -41,12 +42,18 @@ from dataclasses import dataclass
 import numpy as np
 import tyro
 from report import machine, write_result
-from run import PENDULUM_FLAGS  # ppo_continuous.py's old defaults, at which the SB3 pair was matched and measured
+from run import (
+    PENDULUM_FLAGS,  # ppo_continuous.py's old defaults, at which the SB3 pair was matched and measured
+    POPGYM_GATE,
+    POPGYM_PPO_GAMMA05,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
 BUSY = 0.25  # cores kept busy by other processes above which a measurement says that the machine was busy
+
+POPGYM_RECALL = [*POPGYM_PPO_GAMMA05, *POPGYM_GATE]  # the popgym-recall preset's fsmn_gate_gamma0.5
 
 # Equal settings: envs, steps per rollout, epochs and minibatch size (SB3's batch_size = samples per minibatch).
 PAIRS = {
@@ -80,6 +87,18 @@ PAIRS = {
         description="ppo_fsmn_cartpole.py (2 blocks of 64) at its defaults with memories of growing reach vs sb3-contrib "
         "RecurrentPPO (LSTM 64) at the same PPO settings, popgym-RepeatFirstEasy-v0, 8 envs x 64 steps, 10 epochs, "
         "4 minibatches",
+    ),
+    "fsmn-context": dict(  # what training over --context-steps before each rollout costs, at popgym-recall's settings
+        script=["ppo_fsmn_cartpole.py", "--env-id", "popgym-CountRecallEasy-v0", "--no-progress", *POPGYM_RECALL],
+        variants={
+            "context 52 (a CountRecall episode)": ["--context-steps", "52"],
+            "context 128 (a whole rollout)": ["--context-steps", "128"],
+        },
+        peer=["ppo_fsmn_cartpole.py", "--env-id", "popgym-CountRecallEasy-v0", "--no-progress", *POPGYM_RECALL],
+        total_timesteps=40_960,
+        description="ppo_fsmn_cartpole.py at the popgym-recall preset's fsmn_gate_gamma0.5 settings (order 16 + gate, 8 "
+        "envs x 128 steps, 9 epochs, 4 minibatches) with training replaying a context before each rollout vs the same "
+        "without, popgym-CountRecallEasy-v0",
     ),
     "continuous-halfcheetah": dict(
         script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress", *PENDULUM_FLAGS],
