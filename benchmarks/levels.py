@@ -263,9 +263,9 @@ def main(args: Args) -> str:
     if args.annotate:
         if args.levels_file is None:
             raise SystemExit("error: --annotate needs --levels-file (a levels.md this tool wrote)")
-        levels = read_levels(args.levels_file)
+        marks = read_levels(args.levels_file)
         for path in args.annotate:
-            print(f"{path}: {annotate(path, levels)} rows marked")
+            print(f"{path}: {annotate(path, marks)} rows marked")
         return ""
     if args.episodes < 1:
         raise SystemExit(f"error: --episodes={args.episodes} must be at least 1")

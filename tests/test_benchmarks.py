@@ -622,6 +622,23 @@ def test_levels_of_a_card_task_and_of_a_cartpole():
     assert cartpole["perfect"] is None and cartpole["how"].startswith("floor: the best reactive policy")
 
 
+def test_levels_table_reads_back_and_marks_a_report(tmp_path):
+    """levels.py end to end: the table it writes (RepeatPrevious, 2 episodes) is the one --levels-file reads, and
+    --annotate then marks a report's row of that task."""
+    import levels
+
+    text = levels.main(levels.Args(env_ids=["popgym-RepeatPreviousEasy-v0"], episodes=2, out_dir=str(tmp_path)))
+    assert (tmp_path / "levels.md").read_text() == text
+    ((memoryless, noise),) = levels.read_levels(str(tmp_path / "levels.md")).values()
+    assert memoryless <= noise
+    report_table = "| config | MMER |\n|---|---|\n| popgym-RepeatPreviousEasy-v0__fsmn | 1.000 (0.9 to 1.0) |\n"
+    (tmp_path / "r.md").write_text(report_table)
+    levels.main(levels.Args(levels_file=str(tmp_path / "levels.md"), annotate=(str(tmp_path / "r.md"),)))
+    assert (
+        (tmp_path / "r.md").read_text().splitlines()[2].endswith(f"| {memoryless:.3f} | clears it ({1 - memoryless:+.3f}) |")
+    )
+
+
 def test_probe_answers_are_the_envs_own_and_it_writes_its_table(tmp_path):
     """benchmarks/probe.py's recorded answers on CountRecallEasy equal the env's own count of the card asked for
     (read from its state, `counts[query]`, which the probe never reads), and Autoencode's only where it is reciting
