@@ -31,13 +31,14 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 
 # Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
-# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C does
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C
+# does
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, s))
 
 
 def interrupted(signum, frame):
-    """A stop signal outside the training loop's own handler (loading, start-up, evaluation): one line, and the
-    shell's status for the signal, 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+    """A stop signal outside the training loop's own handler (loading, start-up, evaluation): one line, and
+    the shell's status for the signal, 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
     print("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
     raise SystemExit(128 + signum)
 
@@ -94,8 +95,8 @@ class Args:
     keep_checkpoints: int = 3
     """with --save-model, also keep the newest this many checkpoints by step, checkpoint-<step>.pt"""
     resume: str | None = None
-    """a checkpoint of this script to continue in its own run folder, with its flags unless given; `auto`: this
-    run's newest (this env, exp name and seed, under runs/), or a new run where there is none"""
+    """a checkpoint of this script to continue in its own run folder, with its flags unless given; `auto`:
+    this run's newest (this env, exp name and seed, under runs/), or a new run where there is none"""
     eval_checkpoint: str | None = None
     """if set, do not train: play --eval-episodes episodes with this checkpoint, print the returns"""
     eval_episodes: int = 10
@@ -143,8 +144,8 @@ class Args:
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
     context_steps: int = 0
-    """training replays this many steps before each rollout too (at most --num-steps), with gradient through the
-    memory, from the memory of that earlier step: an episode begun that far back is trained on from its start"""
+    """training replays this many steps before each rollout too (at most --num-steps), with gradient through
+    the memory, from the memory of that earlier step: an episode begun that far back is trained from its start"""
 
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
@@ -516,8 +517,8 @@ class Agent(nn.Module):
         return x
 
     def get_action_and_value_sequence(self, x, memory, episode_starts, action, context: int = 0):
-        """x, episode_starts: (context + T, B, ...), from the memory at the context's start; action: (T, B), the
-        steps after the context, the only ones with outputs."""
+        """x, episode_starts: (context + T, B, ...), from the memory at the context's start; action: (T, B),
+        the steps after the context, the only ones with outputs."""
         hidden = self.get_states_sequence(x, memory, episode_starts)[context:]
         probs = Categorical(logits=self.actor(hidden), validate_args=False)  # batch shape (T, B)
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
@@ -563,8 +564,8 @@ LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_k
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from --context-steps before the
-    rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
+    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from --context-steps before
+    the rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     replay = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions, args.context_steps)
     _, newlogprob, entropy, newvalue = replay
@@ -642,7 +643,7 @@ def main(args: Args) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
-    # the previous rollout's last --context-steps steps, and the memory before them (at first, all episode starts)
+    # the previous rollout's last --context-steps steps and the memory before them (at first, all starts)
     context, context_memory = [x[: args.context_steps] for x in (obs, prev_actions, ~episode_starts)], memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
@@ -836,9 +837,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt raised
-        # wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A second
-        # signal interrupts at once.
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt
+        # raised wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A
+        # second signal interrupts at once.
         self.interrupts = []
 
         def on_interrupt(signum, frame):
@@ -858,9 +859,10 @@ class Run:
                 why = "no iteration completed" if args.save_model else "no --save-model"
                 kept = f"the logs; no checkpoint: {why}"
             signum = (self.interrupts or [signal.SIGINT])[0]
-            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            name = signal.Signals(signum).name
+            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
             print(f"{stopped} during iteration {self.done_iteration + 1}; keeping {kept}")
-            # stopped is not finished: the shell's exit status for the signal (130 for Ctrl-C, 143 for SIGTERM)
+            # stopped is not finished: the shell's exit status for the signal (130 Ctrl-C, 143 SIGTERM)
             raise SystemExit(128 + signum) from None
         finally:
             for s in STOP_SIGNALS:
@@ -878,8 +880,9 @@ class Run:
             if self.wandb_run is not None:
                 log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
                 self.wandb_run.finish()
-            # run as a program (the top-level handler was in place), the process only exits from here: a late
-            # signal (a sweep's runner passes on the scheduler's, which the run got too) must not change its status
+            # run as a program (the top-level handler was in place), the process only exits from here: a
+            # late signal (a sweep's runner passes on the scheduler's, which the run got too) must not change
+            # its status
             for s, handler in previous_handlers.items():
                 signal.signal(s, signal.SIG_IGN if handler is interrupted else handler)
             saved = None if not_saved else self.last_good
@@ -1085,8 +1088,8 @@ def warn(message: str) -> None:
 
 def cli(argv: list[str] | None = None) -> Args:
     """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
-    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is none;
-    a run it finds complete is said in one line, and nothing starts."""
+    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is
+    none; a run it finds complete is said in one line, and nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
     resume = None
     for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
@@ -1114,8 +1117,8 @@ def cli(argv: list[str] | None = None) -> Args:
 
 
 def own_checkpoint(args: Args) -> str | None:
-    """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env id,
-    experiment name and seed are this run's, or None; never another run's."""
+    """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env
+    id, experiment name and seed are this run's, or None; never another run's."""
     if not args.save_model:
         why = "needs --save-model: without checkpoints there is nothing to continue from"
         raise SystemExit(f"error: --resume=auto {why}")

@@ -28,13 +28,14 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
 # Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
-# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C does
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+# SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C
+# does
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, s))
 
 
 def interrupted(signum, frame):
-    """A stop signal outside the training loop's own handler (loading, start-up, evaluation): one line, and the
-    shell's status for the signal, 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+    """A stop signal outside the training loop's own handler (loading, start-up, evaluation): one line, and
+    the shell's status for the signal, 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
     print("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
     raise SystemExit(128 + signum)
 
@@ -92,8 +93,8 @@ class Args:
     keep_checkpoints: int = 3
     """with --save-model, also keep the newest this many checkpoints by step, checkpoint-<step>.pt"""
     resume: str | None = None
-    """a checkpoint of this script to continue in its own run folder, with its flags unless given; `auto`: this
-    run's newest (this env, exp name and seed, under runs/), or a new run where there is none"""
+    """a checkpoint of this script to continue in its own run folder, with its flags unless given; `auto`:
+    this run's newest (this env, exp name and seed, under runs/), or a new run where there is none"""
     eval_checkpoint: str | None = None
     """if set, do not train: play --eval-episodes episodes with this checkpoint, print the returns"""
     eval_episodes: int = 10
@@ -747,9 +748,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt raised
-        # wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A second
-        # signal interrupts at once.
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt
+        # raised wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A
+        # second signal interrupts at once.
         self.interrupts = []
 
         def on_interrupt(signum, frame):
@@ -769,9 +770,10 @@ class Run:
                 why = "no iteration completed" if args.save_model else "no --save-model"
                 kept = f"the logs; no checkpoint: {why}"
             signum = (self.interrupts or [signal.SIGINT])[0]
-            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            name = signal.Signals(signum).name
+            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
             print(f"{stopped} during iteration {self.done_iteration + 1}; keeping {kept}")
-            # stopped is not finished: the shell's exit status for the signal (130 for Ctrl-C, 143 for SIGTERM)
+            # stopped is not finished: the shell's exit status for the signal (130 Ctrl-C, 143 SIGTERM)
             raise SystemExit(128 + signum) from None
         finally:
             for s in STOP_SIGNALS:
@@ -789,8 +791,9 @@ class Run:
             if self.wandb_run is not None:
                 log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
                 self.wandb_run.finish()
-            # run as a program (the top-level handler was in place), the process only exits from here: a late
-            # signal (a sweep's runner passes on the scheduler's, which the run got too) must not change its status
+            # run as a program (the top-level handler was in place), the process only exits from here: a
+            # late signal (a sweep's runner passes on the scheduler's, which the run got too) must not change
+            # its status
             for s, handler in previous_handlers.items():
                 signal.signal(s, signal.SIG_IGN if handler is interrupted else handler)
             saved = None if not_saved else self.last_good
@@ -996,8 +999,8 @@ def warn(message: str) -> None:
 
 def cli(argv: list[str] | None = None) -> Args:
     """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
-    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is none;
-    a run it finds complete is said in one line, and nothing starts."""
+    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is
+    none; a run it finds complete is said in one line, and nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
     resume = None
     for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
@@ -1025,8 +1028,8 @@ def cli(argv: list[str] | None = None) -> Args:
 
 
 def own_checkpoint(args: Args) -> str | None:
-    """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env id,
-    experiment name and seed are this run's, or None; never another run's."""
+    """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env
+    id, experiment name and seed are this run's, or None; never another run's."""
     if not args.save_model:
         why = "needs --save-model: without checkpoints there is nothing to continue from"
         raise SystemExit(f"error: --resume=auto {why}")
