@@ -160,6 +160,11 @@ class Args:
     """also an episode-long memory in every block: its hidden states summed with learned per-channel decays"""
     memory_gate: bool = False
     """in place of --memory-decay, an episode-long memory in every block whose writes and decays the input gates"""
+    recall_lags: int = 0
+    """an auxiliary loss for the memory: every step's features predict the network's input 1 to this many steps
+    back in the same episode (0: none); it asks the memory to keep what it saw before any reward asks for it"""
+    recall_coef: float = 1.0
+    """the weight of --recall-lags's loss (a squared error, averaged over the lags, steps and input dimensions)"""
     prev_action: bool = True
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
@@ -215,6 +220,8 @@ class Args:
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
+            ("recall_lags", self.recall_lags >= 0, "at least 0"),
+            ("recall_coef", 0 <= self.recall_coef < math.inf, "a number >= 0"),
             # with W_f = W_i = 0 the gate's memory is a decayed sum too (of W_v x_t): it takes --memory-decay's place
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
         ):
@@ -458,6 +465,9 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
+        # --recall-lags's head: the input 1..K steps back, (K * input_dim), from the features; not in the policy
+        self.recall_lags, input_dim = args.recall_lags, obs_dim + n_actions * args.prev_action
+        self.recall = layer_init(nn.Linear(args.hidden_dim, args.recall_lags * input_dim)) if args.recall_lags else None
 
     def observe(self, obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
         """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with
@@ -518,10 +528,25 @@ class Agent(nn.Module):
 
     def get_action_and_value_sequence(self, x, memory, episode_starts, action, context: int = 0):
         """x, episode_starts: (context + T, B, ...), from the memory at the context's start; action: (T, B),
-        the steps after the context, the only ones with outputs."""
-        hidden = self.get_states_sequence(x, memory, episode_starts)[context:]
+        the steps after the context, the only ones with policy and value outputs. Also returns the features of
+        every step, context included, (context + T, B, H)."""
+        features = self.get_states_sequence(x, memory, episode_starts)
+        hidden = features[context:]
         probs = Categorical(logits=self.actor(hidden), validate_args=False)  # batch shape (T, B)
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), features
+
+
+def recall_loss(predicted: torch.Tensor, x: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+    """--recall-lags's loss: the mean squared error of predicted[t, b, k-1] against x[t-k, b], the input k steps
+    back, over k = 1..K and the steps whose step t-k is in the sequence and in the same episode.
+    predicted: (T, B, K, D); x: (T, B, D); episode_starts: (T, B) bool."""
+    ids = torch.cumsum(episode_starts.long(), dim=0)  # (T, B): a new id at every episode start
+    total, count = predicted.new_zeros(()), predicted.new_zeros(())
+    for k in range(1, min(predicted.shape[2], len(x) - 1) + 1):
+        same = (ids[k:] == ids[:-k]).unsqueeze(-1).to(x.dtype)  # (T-k, B, 1): t-k in t's episode
+        total = total + (((predicted[k:, :, k - 1] - x[:-k]) ** 2) * same).sum()
+        count = count + same.sum() * x.shape[-1]
+    return total / count.clamp_min(1.0)
 
 
 def compute_gae(
@@ -560,7 +585,7 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac", "recall_loss")
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -568,7 +593,7 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
     the rollout's start. Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
     mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
     replay = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions, args.context_steps)
-    _, newlogprob, entropy, newvalue = replay
+    _, newlogprob, entropy, newvalue, features = replay
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
     with torch.no_grad():
@@ -592,7 +617,11 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
+    recall = torch.zeros_like(loss)
+    if agent.recall is not None:  # the memory's auxiliary loss: the inputs of earlier steps, from each step's features
+        recall = recall_loss(agent.recall(features).unflatten(-1, (agent.recall_lags, -1)), mb_obs, mb_starts)
+        loss = loss + args.recall_coef * recall
+    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac, recall])
     return loss, stats.detach()
 
 
