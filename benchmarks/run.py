@@ -52,7 +52,8 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
                        best with gamma 0.97 (POPGYM_PPO_GAMMA097).
   popgym-recall        POPGym's CountRecall and Autoencode (Easy), the tasks that need memory of what was seen, 3
                        seeds, 1M steps: the gated FSMN and sb3-contrib RecurrentPPO at the study's best with gamma 0.5
-                       (POPGYM_PPO_GAMMA05).
+                       (POPGYM_PPO_GAMMA05); on Autoencode also the gate trained on whole episodes with the
+                       recall loss (POPGYM_RECALL).
   ppg-lunarlander      LunarLander-v3, 5 seeds, 1M steps: ppg_lunarlander.py, the same with --e-auxiliary 0, SB3's PPO
                        with the RL Zoo's settings, and ppo_fsmn_cartpole.py at its defaults.
   ppg-heldout          LunarLander-v3, seeds 1-5 (the PPG study used 101-102), 200k steps: ppg_lunarlander.py at its
@@ -193,6 +194,10 @@ POPGYM_PPO_GAMMA097 = [*POPGYM_PPO[:-2], "--gamma", "0.97"]
 # judges the action just taken, and at 0.97 a step's return is mostly the noise of the next answers' rewards
 # (picked on seeds 101 and 102, popgym_recall.md)
 POPGYM_PPO_GAMMA05 = [*POPGYM_PPO[:-2], "--gamma", "0.5"]
+# Autoencode's episodes (103 steps) trained whole from their first step (--context-steps 104), with the memory's
+# auxiliary loss (--recall-lags 32) and learning rate 1e-3: picked on seed 101 (popgym_recall.md)
+assert POPGYM_PPO_GAMMA05[:2] == ["--learning-rate", "2.52e-3"]
+POPGYM_RECALL = ["--learning-rate", "1e-3", *POPGYM_PPO_GAMMA05[2:], "--context-steps", "104", "--recall-lags", "32"]
 
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
@@ -244,6 +249,12 @@ PRESETS: dict[str, dict] = {
             for config in (
                 Config("fsmn_gate_gamma0.5", ["ppo_fsmn_cartpole.py", "--env-id", env_id, *POPGYM_PPO_GAMMA05, *POPGYM_GATE]),
                 Config("sb3_recurrent_ppo_gamma0.5", [*LSTM, "--env-id", env_id, *POPGYM_PPO_GAMMA05]),
+            )
+        ]
+        + [
+            Config(
+                "fsmn_gate_recall",
+                ["ppo_fsmn_cartpole.py", "--env-id", "popgym-AutoencodeEasy-v0", *POPGYM_RECALL, *POPGYM_GATE],
             )
         ],
         extra=["--total-timesteps", "1000000"],
