@@ -181,8 +181,9 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # the flags every script has are checked below the banner (check_flags), then these rows, this script's
-        # own (flag, accepted, what it must be): one line names the first refused, before anything is written
+        # the flags every script has are checked below the banner (check_flags), then these rows, this
+        # script's own (flag, accepted, what it must be): one line names the first refused, before anything
+        # is written
         check_flags(
             self,
             (
@@ -431,7 +432,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # ENGINEERING: the env's flags, checked before anything is written
     check_env_args(args.env_id)
 
-    # TRY NOT TO MODIFY: the run (threads, device, the checkpoint to resume, the run's name and folders); seeding
+    # TRY NOT TO MODIFY: the run (threads, device, the checkpoint to resume, its name and folders); seeding
     run = Run(args, checkpoint)
     device = run.device
     random.seed(args.seed)
@@ -749,7 +750,16 @@ class Run:
             self.next_line = time.time() + PLAIN_LINE_SECONDS
             print(f"step {global_step}: {status(self.recent_returns, self.sps())}", flush=True)
 
-    def record(self, iteration: int, global_step: int, agent: nn.Module, optimizer, stats: list, returns, values) -> None:
+    def record(
+        self,
+        iteration: int,
+        global_step: int,
+        agent: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        stats: list[torch.Tensor],
+        returns: torch.Tensor,
+        values: torch.Tensor,
+    ) -> None:
         """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
         explained variance, the learning rate and SPS; a non-finite loss or weight stops the run."""
         self.global_step = global_step
@@ -772,7 +782,13 @@ class Run:
         if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
             log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
 
-    def save(self, iteration: int, global_step: int, agent: nn.Module, optimizer) -> None:
+    def save(
+        self,
+        iteration: int,
+        global_step: int,
+        agent: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
         """A snapshot of this complete iteration, what a stop or an error saves later; written every
         --save-interval iterations."""
         self.done_iteration = iteration
@@ -909,7 +925,14 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
+def make_checkpoint(
+    args: Args,
+    run_name: str,
+    agent: nn.Module,
+    optimizer,
+    iteration: int,
+    global_step: int,
+) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
