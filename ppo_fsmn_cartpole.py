@@ -188,33 +188,17 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
-        # every numeric flag's accepted values, checked before anything is written: one line names the first
-        # one refused
-        for flag, accepted, what in (
-            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
-            ("threads", self.threads >= 0, "at least 0 (0: the free cores)"),
-            ("save_interval", self.save_interval >= 1, "at least 1"),
-            ("keep_checkpoints", self.keep_checkpoints >= 0, "at least 0"),
-            ("eval_episodes", self.eval_episodes >= 1, "at least 1"),
-            ("num_envs", self.num_envs >= 1, "at least 1"),
-            ("num_steps", self.num_steps >= 1, "at least 1"),
-            ("total_timesteps", self.num_iterations >= 1, f"at least one batch, {self.batch_size} steps"),
-            ("learning_rate", 0 <= self.learning_rate < math.inf, "a number >= 0"),
-            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
-            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
-            ("num_minibatches", self.num_minibatches >= 1, "at least 1"),
+        # the flags every script has are checked below the banner (check_flags), then these rows, this
+        # script's own (flag, accepted, what it must be): one line names the first refused, before anything
+        # is written
+        check_flags(
+            self,
             (
                 "num_minibatches",
                 self.num_envs % max(self.num_minibatches, 1) == 0,
                 f"a divisor of --num-envs={self.num_envs}",
             ),
-            ("num_minibatches", self.minibatch_size >= 2 or not self.norm_adv, "at most half the batch with --norm-adv"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
-            ("clip_coef", 0 < self.clip_coef < math.inf, "a positive number"),
-            ("ent_coef", 0 <= self.ent_coef < math.inf, "a number >= 0"),
-            ("vf_coef", 0 <= self.vf_coef < math.inf, "a number >= 0"),
-            ("max_grad_norm", 0 < self.max_grad_norm < math.inf, "a positive number"),
-            ("target_kl", self.target_kl is None or 0 < self.target_kl < math.inf, "a positive number"),
             ("context_steps", 0 <= self.context_steps <= self.num_steps, "in [0, --num-steps]"),
             ("hidden_dim", self.hidden_dim >= 1, "at least 1"),
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
@@ -224,9 +208,7 @@ class Args:
             ("recall_coef", 0 <= self.recall_coef < math.inf, "a number >= 0"),
             # with W_f = W_i = 0 the gate's memory is a decayed sum too (of W_v x_t): it takes --memory-decay's place
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
-        ):
-            if not accepted:
-                raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(self, flag)} must be {what}")
+        )
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_velocity: bool):
@@ -625,18 +607,17 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
     return loss, stats.detach()
 
 
-def main(args: Args) -> None:
-    # TRY NOT TO MODIFY: threads, device and names; --eval-checkpoint plays a saved policy instead of training
-    run = Run(args)
-    device = run.device
+def main(args: Args, checkpoint: dict | None = None) -> None:
+    # TRY NOT TO MODIFY: --eval-checkpoint plays a saved policy instead of training
     if args.eval_checkpoint is not None:
-        return run_evaluation(args, device)
+        return run_evaluation(args)
 
-    # ENGINEERING: the env's flags, checked before anything is read or written
+    # ENGINEERING: the env's flags, checked before anything is written
     check_env_args(args.env_id, args.mask_velocity, args.capture_video)
 
-    # TRY NOT TO MODIFY: the checkpoint to resume, the run's name and folders; seeding
-    run.prepare()
+    # TRY NOT TO MODIFY: the run (threads, device, the checkpoint to resume, its name and folders); seeding
+    run = Run(args, checkpoint)
+    device = run.device
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -768,51 +749,59 @@ def main(args: Args) -> None:
 
 # ----------------------------------------------------------------------------------------------------------
 # Below main, what a reader of the algorithm needs last: the run's handling (the same in every script: its
-# life, torch threads, checkpoints, the run's helpers), then evaluation.
+# life, the flags every script has, torch threads, checkpoints, the run's helpers), then evaluation.
 # ----------------------------------------------------------------------------------------------------------
 
 
 # TRY NOT TO MODIFY: the run's life around the algorithm
 class Run:
-    """A training run's handling, one call for each moment of its life: `Run(args)` sets torch's threads and
-    the device and checks the names; `prepare()` reads the checkpoint to resume and names the run and its
-    folders (a new run's claimed at once); `restore(agent, optimizer)` loads that checkpoint; `with
-    start(envs):` opens TensorBoard, W&B, the progress bar and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and,
-    however the run ends (done, an error, a stop signal), keeps the logs and the last good checkpoint; inside
-    it `iterations()`, then at every env step `check_interrupt()` and `log_episodes(...)`, and `record(...)`
-    and `save(...)` once an iteration is complete."""
+    """A training run's handling, one call for each moment of its life. `Run(args, checkpoint)` sets torch's
+    threads and the device and names the run and its folders: a resumed run goes on in its checkpoint's, from
+    any folder; a new run claims its own at once. `restore(agent, optimizer)` loads the checkpoint into them.
+    `with start(envs):` opens the loggers and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and, however the run
+    ends (done, an error, a stop signal), keeps the logs and the last good checkpoint. Inside it come
+    `iterations()`, at every env step `check_interrupt()` and `log_episodes(...)`, and once an iteration is
+    complete `record(...)` and `save(...)`."""
 
-    def __init__(self, args: Args):
-        self.args, self.cpu_reading = args, []  # free_cores' last reading
-        torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(self.cpu_reading)))
-        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    def __init__(self, args: Args, checkpoint: dict | None = None):
+        """checkpoint: the one --resume names, as cli() loaded it (loaded here when main gets args alone)."""
+        if checkpoint is None and args.resume is not None:
+            checkpoint = load_checkpoint(args.resume, "--resume")
+        self.args, self.checkpoint, self.cpu_reading = args, checkpoint, []  # free_cores' last reading
+        self.device = torch_device(args, self.cpu_reading)
         check_names(args)
-
-    def prepare(self) -> None:
-        """The checkpoint to resume, and the run's name and folders: a resumed run goes on in its
-        checkpoint's, from any folder; a new run's folder is its own from here on (claim_run_name)."""
-        args = self.args
-        self.checkpoint = load_checkpoint(args.resume, "--resume") if args.resume is not None else None
-        self.unclaim = None
-        if self.checkpoint:
-            self.name = self.checkpoint["run_name"]
-        else:
+        self.unclaim, video_name = None, "rl-video"
+        if checkpoint is None:  # a new run: runs/<name> is its own from here on (claim_run_name)
             name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
             self.name, self.unclaim = claim_run_name(name)
-        self.dir, self.video_dir, self.root = run_folders(self.name, args.resume)
+            self.dir, self.root = os.path.join("runs", self.name), "."
+            self.video_dir = os.path.join("videos", self.name)
+            self.start_iteration, self.global_step = 1, 0
+        else:  # the checkpoint's folder; where that is <root>/runs/<name>, the videos/ and wandb/ in <root>
+            self.name = checkpoint["run_name"]
+            if ".." in re.split(r"[\\/]", self.name) or os.path.isabs(self.name):
+                why = f"holds the run name {self.name}, which leaves runs/"
+                raise SystemExit(f"error: --resume={args.resume} {why}")
+            self.dir = os.path.dirname(args.resume) or "."
+            tail = os.sep + os.path.join("runs", os.path.normpath(self.name))
+            absolute = os.path.abspath(self.dir)
+            self.root = absolute[: -len(tail)] or os.sep if absolute.endswith(tail) else "."
+            self.video_dir = os.path.join(self.root, "videos", self.name)
+            self.start_iteration = checkpoint.get("iteration", 0) + 1
+            self.global_step = checkpoint.get("global_step", 0)
+            if self.start_iteration > args.num_iterations:
+                refused = f"--total-timesteps={args.total_timesteps}"
+                raise SystemExit(f"error: {refused} must exceed the checkpoint's {self.global_step}")
+            # a resumed run's videos are named from its first step: the earlier part's stay as they are
+            video_name = f"rl-video-step-{self.global_step}"
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        # a resumed run's videos are named from its first step: the earlier part's stay as they are
-        video_name = "rl-video"
-        if self.checkpoint:
-            video_name = f"rl-video-step-{self.checkpoint.get('global_step', 0)}"
         self.video_path = os.path.join(self.video_dir, video_name)
 
     def restore(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """The global step to start from: 0, or the checkpoint's, its weights, optimizer and RNG states loaded
-        (and its next iteration the first of iterations())."""
+        """Load the checkpoint's weights, optimizer and RNG states, where the run resumes one; the global step
+        to start from (0, or the checkpoint's: iterations() goes on from its next iteration)."""
         args, checkpoint = self.args, self.checkpoint
-        self.start_iteration, self.global_step = 1, 0
-        if checkpoint:
+        if checkpoint is not None:
             # cli() took the checkpoint's flags as the defaults: a flag given that differs is named
             saved = checkpoint["args"]
             differing = [
@@ -828,25 +817,20 @@ class Run:
                 raise SystemExit(f"error: {refused}; {why}") from None
             try:
                 optimizer.load_state_dict(checkpoint["optimizer"])
-                self.start_iteration = checkpoint["iteration"] + 1
-                self.global_step = checkpoint["global_step"]
                 set_rng_states(checkpoint["rng_states"])
             except (KeyError, TypeError, ValueError):
                 why = "lacks an optimizer, step or RNG state"
                 raise SystemExit(f"error: --resume={args.resume} {why}") from None
             for line in differing:
                 print(f"note: {line}")
-            if self.start_iteration > args.num_iterations:
-                refused = f"--total-timesteps={args.total_timesteps}"
-                raise SystemExit(f"error: {refused} must exceed the checkpoint's {self.global_step}")
         return self.global_step
 
     @contextlib.contextmanager
     def start(self, envs):
-        """TensorBoard, W&B, the progress bar and the stop flag, opened once every check has passed (a
-        refused run writes nothing); on leaving, however the run ended, the last good checkpoint is written
-        and the logs closed (stop signals are ignored meanwhile: interrupting the save or W&B's last sync
-        would lose them)."""
+        """TensorBoard, W&B, the progress bar and the stop flag, opened once every check has passed (a refused
+        run writes nothing). On leaving, however the run ended, the last good checkpoint is written, the logs
+        closed and the run summed up in three lines, with stop signals ignored: interrupting the save or W&B's
+        last sync would lose them."""
         args = self.args
         # the rounding of a budget the user gave; a default never warns
         if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:
@@ -869,7 +853,7 @@ class Run:
         # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt
         # raised wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A
         # second signal interrupts at once.
-        self.interrupts = []
+        self.interrupts, stopped = [], False
 
         def on_interrupt(signum, frame):
             self.interrupts.append(signum)
@@ -880,22 +864,19 @@ class Run:
         try:
             yield self
         except KeyboardInterrupt:
-            for s in STOP_SIGNALS:  # from here the run closes: see below
-                signal.signal(s, signal.SIG_IGN)
-            if self.last_good is not None:
-                kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
-            else:
-                why = "no iteration completed" if args.save_model else "no --save-model"
-                kept = f"the logs; no checkpoint: {why}"
-            signum = (self.interrupts or [signal.SIGINT])[0]
-            name = signal.Signals(signum).name
-            stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
-            print(f"{stopped} during iteration {self.done_iteration + 1}; keeping {kept}")
-            # stopped is not finished: the shell's exit status for the signal (130 Ctrl-C, 143 SIGTERM)
-            raise SystemExit(128 + signum) from None
+            stopped = True
         finally:
             for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
+            signum = (self.interrupts or [signal.SIGINT])[0]
+            if stopped:
+                why = "no iteration completed" if args.save_model else "no --save-model"
+                kept = f"the logs; no checkpoint: {why}"
+                if self.last_good is not None:
+                    kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
+                name = signal.Signals(signum).name
+                stopped_by = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
+                print(f"{stopped_by} during iteration {self.done_iteration + 1}; keeping {kept}")
             seconds = time.time() - self.start_time
             self.progress.close()
             not_saved = None
@@ -914,12 +895,17 @@ class Run:
             # its status
             for s, handler in previous_handlers.items():
                 signal.signal(s, signal.SIG_IGN if handler is interrupted else handler)
-            saved = None if not_saved else self.last_good
+            # where the run got and how fast, its checkpoint, its curves
             sps = int((self.global_step - self.start_step) / seconds)
-            steps, returns = self.global_step, self.recent_returns
-            summarize(self.dir, self.checkpoint_path, saved, steps, sps, seconds, returns)
+            print(f"step {self.global_step}: {status(self.recent_returns, sps)}, {seconds:.0f} s")
+            if self.last_good is not None and not_saved is None:
+                iteration, step = self.last_good["iteration"], self.last_good["global_step"]
+                print(f"checkpoint: {self.checkpoint_path} (iteration {iteration}, step {step})")
+            print(f"tensorboard --logdir {shlex.quote(self.dir)}")
             if not_saved is not None:
                 raise not_saved
+            if stopped:  # not finished: the shell's exit status for the signal (130 Ctrl-C, 143 SIGTERM)
+                raise SystemExit(128 + signum)
 
     def iterations(self):
         """The iterations to run, torch's threads set before each to the cores other processes leave free:
@@ -990,7 +976,7 @@ class Run:
         agent: nn.Module,
         optimizer: torch.optim.Optimizer,
     ) -> None:
-        """A snapshot of this complete iteration, what Ctrl-C or an error saves later; written every
+        """A snapshot of this complete iteration, what a stop or an error saves later; written every
         --save-interval iterations."""
         self.done_iteration = iteration
         if self.args.save_model:
@@ -1000,7 +986,43 @@ class Run:
                 save_checkpoint(self.checkpoint_path, self.last_good, self.args.keep_checkpoints)
 
 
+# TRY NOT TO MODIFY: the flags every script has
+def check_flags(args: Args, *own: tuple) -> None:
+    """Every numeric flag's accepted values, checked as Args is made, before anything is written: one line
+    names the first one refused. `own`: the script's own (flag, accepted, what) rows, checked after these."""
+    for flag, accepted, what in (
+        ("seed", 0 <= args.seed < 2**32, "in [0, 2**32)"),
+        ("threads", args.threads >= 0, "at least 0 (0: the free cores)"),
+        ("save_interval", args.save_interval >= 1, "at least 1"),
+        ("keep_checkpoints", args.keep_checkpoints >= 0, "at least 0"),
+        ("eval_episodes", args.eval_episodes >= 1, "at least 1"),
+        ("num_envs", args.num_envs >= 1, "at least 1"),
+        ("num_steps", args.num_steps >= 1, "at least 1"),
+        ("total_timesteps", args.num_iterations >= 1, f"at least one batch, {args.batch_size} steps"),
+        ("learning_rate", 0 <= args.learning_rate < math.inf, "a number >= 0"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1]"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("num_minibatches", args.num_minibatches >= 1, "at least 1"),
+        ("num_minibatches", args.minibatch_size >= 2 or not args.norm_adv, "at most half the batch with --norm-adv"),
+        ("clip_coef", 0 < args.clip_coef < math.inf, "a positive number"),
+        ("ent_coef", 0 <= args.ent_coef < math.inf, "a number >= 0"),
+        ("vf_coef", 0 <= args.vf_coef < math.inf, "a number >= 0"),
+        ("max_grad_norm", 0 < args.max_grad_norm < math.inf, "a positive number"),
+        ("target_kl", args.target_kl is None or 0 < args.target_kl < math.inf, "a positive number"),
+        *own,
+    ):
+        if not accepted:
+            raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(args, flag)} must be {what}")
+
+
 # TRY NOT TO MODIFY: torch threads
+def torch_device(args: Args, cpu_reading: list[float]) -> torch.device:
+    """Set torch's threads (--threads, or with 0 the cores that other processes leave free) and return the
+    device."""
+    torch.set_num_threads(args.threads or min(TORCH_THREADS, free_cores(cpu_reading)))
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
 def free_cores(last: list[float]) -> int:
     """Cores of this process's CPUs that other processes left idle since the previous call, whose reading
     `last` keeps (Linux's /proc/stat; every core elsewhere). Torch threads beyond them would spin against the
@@ -1115,18 +1137,22 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def cli(argv: list[str] | None = None) -> Args:
-    """The command line's arguments; with --resume, the checkpoint's flags are the defaults: only flags given
-    change. `--resume auto` is this run's newest checkpoint (own_checkpoint), or a new run where there is
-    none; a run it finds complete is said in one line, and nothing starts."""
+def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
+    """The command line's arguments and the checkpoint to resume, loaded once: with --resume, the checkpoint's
+    flags are the defaults and only flags given change. `--resume auto` is this run's newest checkpoint
+    (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
+    nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
     resume = None
     for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
         flag, _, value = arg.partition("=")
         if flag == "--resume" and (value or i + 1 < len(argv)):
             resume = value or argv[i + 1]
-    path = own_checkpoint(tyro.cli(Args, args=argv)) if resume == "auto" else resume
-    checkpoint = load_checkpoint(path, "--resume") if path is not None else None
+    path, checkpoint = resume, None
+    if resume == "auto":
+        path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))
+    elif resume is not None:
+        checkpoint = load_checkpoint(resume, "--resume")
     default = None
     if checkpoint is not None:
         saved = checkpoint["args"]
@@ -1142,12 +1168,12 @@ def cli(argv: list[str] | None = None) -> Args:
             raise SystemExit(0)  # a job started again after its run completed is done, not failed
         else:
             print(f"resuming {path} at step {checkpoint.get('global_step', 0)}")
-    return args
+    return args, checkpoint
 
 
-def own_checkpoint(args: Args) -> str | None:
+def own_checkpoint(args: Args) -> tuple[str | None, dict | None]:
     """`--resume auto`: the newest (by modification time) runs/<run>/checkpoint.pt of this script whose env
-    id, experiment name and seed are this run's, or None; never another run's."""
+    id, experiment name and seed are this run's, and what it holds, or (None, None); never another run's."""
     if not args.save_model:
         why = "needs --save-model: without checkpoints there is nothing to continue from"
         raise SystemExit(f"error: --resume=auto {why}")
@@ -1156,14 +1182,13 @@ def own_checkpoint(args: Args) -> str | None:
     paths = sorted(glob.glob(os.path.join("runs", f"{run}*", "checkpoint.pt")), key=os.path.getmtime)
     for path in reversed(paths):
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # not a checkpoint, so not this run's either
+            checkpoint = load_checkpoint(path, "--resume")
+        except SystemExit:  # not a checkpoint of this script, so not this run's either
             continue
-        saved = checkpoint.get("args", {}) if isinstance(checkpoint, dict) else {}
-        same = all(saved.get(flag) == getattr(args, flag) for flag in ("env_id", "exp_name", "seed"))
-        if same and checkpoint.get("script") == SCRIPT:
-            return path
-    return None
+        saved = checkpoint.get("args", {})
+        if all(saved.get(flag) == getattr(args, flag) for flag in ("env_id", "exp_name", "seed")):
+            return path, checkpoint
+    return None, None
 
 
 def check_names(args: Args) -> None:
@@ -1219,20 +1244,6 @@ def claim_run_name(name: str):
     return claimed, unclaim
 
 
-def run_folders(run_name: str, resume: str | None) -> tuple[str, str, str]:
-    """The run's folder, its videos' folder and the folder that holds runs/: runs/<run_name>,
-    videos/<run_name> and the working folder. A resumed run's are its checkpoint's folder and, when that is
-    <root>/runs/<run_name>, the videos/<run_name> and wandb/ beside it, wherever the run is resumed from."""
-    if ".." in re.split(r"[\\/]", run_name) or os.path.isabs(run_name):
-        raise SystemExit(f"error: --resume={resume} holds the run name {run_name}, which leaves runs/")
-    if resume is None:
-        return os.path.join("runs", run_name), os.path.join("videos", run_name), "."
-    run_dir, tail = os.path.dirname(resume) or ".", os.sep + os.path.join("runs", os.path.normpath(run_name))
-    absolute = os.path.abspath(run_dir)
-    root = absolute[: -len(tail)] or os.sep if absolute.endswith(tail) else "."
-    return run_dir, os.path.join(root, "videos", run_name), root
-
-
 def start_wandb(args: Args, name: str, root: str, job_type: str):
     """A W&B run with the config and the code (wherever the script runs from); training's syncs TensorBoard's
     events, and a resumed run goes on in its first part's W&B run, whose id comes from the run name."""
@@ -1274,25 +1285,11 @@ def status(recent_returns: list[float], sps: int) -> str:
     return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
 
 
-def summarize(
-    run_dir: str,
-    checkpoint_path: str,
-    saved: dict | None,
-    global_step: int,
-    sps: int,
-    seconds: float,
-    recent_returns: list[float],
-) -> None:
-    """The end of a run in at most three lines: where it got and how fast, its checkpoint, its curves."""
-    print(f"step {global_step}: {status(recent_returns, sps)}, {seconds:.0f} s")
-    if saved is not None:
-        print(f"checkpoint: {checkpoint_path} (iteration {saved['iteration']}, step {saved['global_step']})")
-    print(f"tensorboard --logdir {shlex.quote(run_dir)}")
-
-
-def run_evaluation(args: Args, device: torch.device) -> None:
+def run_evaluation(args: Args) -> None:
     """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
     to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
+    device = torch_device(args, [])
+    check_names(args)
     run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
     name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
     video_dir = os.path.join("videos", name)
@@ -1366,4 +1363,4 @@ def evaluate(
 
 
 if __name__ == "__main__":
-    main(cli())  # tyro.cli(Args), with a --resume checkpoint's flags as the defaults
+    main(*cli())  # tyro.cli(Args), with a --resume checkpoint's flags as the defaults; and that checkpoint

@@ -373,15 +373,17 @@ def test_resume_auto_takes_this_runs_newest_checkpoint_and_never_another_runs(in
             torch.save(checkpoint, path)
         os.utime(path, (1000 + mtime, 1000 + mtime))
     args = script.Args(**mine, save_model=True)
-    assert script.own_checkpoint(args) == os.path.join("runs", "CartPole-v1__mine__2__200", "checkpoint.pt")
-    assert script.own_checkpoint(script.Args(**{**mine, "seed": 4}, save_model=True)) is None
+    path, checkpoint = script.own_checkpoint(args)
+    assert path == os.path.join("runs", "CartPole-v1__mine__2__200", "checkpoint.pt")
+    assert checkpoint == torch.load(path, weights_only=True)  # what the run resumes, loaded once
+    assert script.own_checkpoint(script.Args(**{**mine, "seed": 4}, save_model=True)) == (None, None)
     with pytest.raises(SystemExit) as refusal:
         script.own_checkpoint(script.Args(**mine))
     assert str(refusal.value.code).startswith("error: --resume=auto needs --save-model: "), refusal.value.code
 
 
 # Two runs of a script, forked at once from one process, each with its own flags (a JSON list of two flag lists) and
-# its output in run<k>.out; both wait where their names are chosen (the clock read in Run.prepare) until both are
+# its output in run<k>.out; both wait where their names are chosen (the clock read in Run.__init__) until both are
 # there, so that they read the same second unless the machine stalls one of them at that very moment.
 TWO_AT_ONCE = r"""
 import atexit, json, os, runpy, sys, threading, time, traceback
@@ -391,7 +393,7 @@ clock = time.time
 
 
 def clock_after_the_barrier():
-    if sys._getframe(1).f_code.co_name == "prepare":
+    if sys._getframe(1).f_code.co_qualname == "Run.__init__":
         open(os.path.join(barrier, str(os.getpid())), "w").close()
         while len(os.listdir(barrier)) < len(commands):
             time.sleep(0.001)
@@ -452,7 +454,8 @@ def test_two_runs_started_at_once_get_their_own_folders_checkpoints_and_wandb_ru
         assert checkpoint["run_name"] == name
         assert f"logging to runs/{name}" in "".join(outputs)
         saved_rates.append(checkpoint["args"]["learning_rate"])
-        assert script.cli(["--resume", path]).learning_rate == saved_rates[-1]  # its own flags, resumed
+        args, resumed = script.cli(["--resume", path])
+        assert args.learning_rate == saved_rates[-1] and resumed["run_name"] == name  # its own flags, resumed
     assert sorted(saved_rates) == [float(rate) for rate in rates]
     ids = {run.rsplit("-", 1)[1] for run in offline_runs(work)}
     assert len(offline_runs(work)) == 2 and ids == {hashlib.sha256(name.encode()).hexdigest()[:16] for name in names}
