@@ -407,7 +407,8 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
         raise AssertionError("evaluation must not update the normalisation statistics")
 
     monkeypatch.setattr(p.RunningNorm, "update", no_update)
-    assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    assert len(p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
 
 
 class RandomMemoryBlock(p.FSMNBlock):
