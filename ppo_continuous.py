@@ -551,13 +551,11 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
             # ENGINEERING: --eval-interval; best.pt keeps the best policy across --resume; Ctrl-C waits for it
             if args.eval_interval and iteration % args.eval_interval == 0:
                 evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
-            # TRY NOT TO MODIFY: keep the iteration's checkpoint
-            run.save(iteration, global_step, agent, optimizer)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -574,7 +572,7 @@ class Run:
     `with start(envs):` opens the loggers and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and, however the run
     ends (done, an error, a stop signal), keeps the logs and the last good checkpoint. Inside it come
     `iterations()`, at every env step `check_interrupt()` and `log_episodes(...)`, and once an iteration is
-    complete `record(...)` and `save(...)`."""
+    complete `record(...)`, which also keeps its checkpoint."""
 
     def __init__(self, args: Args, checkpoint: dict | None = None):
         """checkpoint: the one --resume names, as cli() loaded it (loaded here when main gets args alone)."""
@@ -761,7 +759,9 @@ class Run:
         values: torch.Tensor,
     ) -> None:
         """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run."""
+        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
+        snapshot of this complete iteration, what a stop or an error saves later, written every
+        --save-interval iterations."""
         self.global_step = global_step
         finite = [p.isfinite().all() for p in agent.parameters()]
         weights_finite = torch.stack(finite).all().float().view(1)
@@ -781,16 +781,6 @@ class Run:
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)
         if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
             log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
-
-    def save(
-        self,
-        iteration: int,
-        global_step: int,
-        agent: nn.Module,
-        optimizer: torch.optim.Optimizer,
-    ) -> None:
-        """A snapshot of this complete iteration, what a stop or an error saves later; written every
-        --save-interval iterations."""
         self.done_iteration = iteration
         if self.args.save_model:
             snapshot = make_checkpoint(self.args, self.name, agent, optimizer, iteration, global_step)
@@ -1098,18 +1088,19 @@ def status(recent_returns: list[float], sps: int) -> str:
     return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
 
 
+# ENGINEERING: evaluation
 def run_evaluation(args: Args) -> None:
     """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
     to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
     device = torch_device(args, [])
     check_names(args)
-    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
-    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
+    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")  # the one load
+    name = f"{os.path.basename(checkpoint['run_name'])}__eval__{int(time.time())}"
     video_dir = os.path.join("videos", name)
     wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
     video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
     episodes, deterministic = args.eval_episodes, args.eval_deterministic
-    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
+    returns = evaluate(checkpoint, episodes, deterministic, device, args.seed, video_path)
     print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
     if args.capture_video:
         print(f"videos: {video_dir}")
@@ -1121,7 +1112,6 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-# ENGINEERING: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
@@ -1140,7 +1130,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 @torch.no_grad()
 def evaluate(
-    checkpoint_path: str,
+    checkpoint: dict,
     episodes: int,
     deterministic: bool,
     device: torch.device,
@@ -1149,7 +1139,6 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole episodes with a saved policy, print each (raw) return as it ends and
     return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     return play(agent, saved_args.env_id, episodes, deterministic, device, seed, video_path, talk=True)
 

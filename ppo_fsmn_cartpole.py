@@ -156,10 +156,12 @@ class Args:
     """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
     """look-back stride S of the taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S; the blocks reach blocks x N x S steps"""
+    long_memory: str = "none"
+    """an episode-long memory in each block: none, decay (learned per-channel decays) or gate (input-gated)"""
     memory_decay: bool = False
-    """also an episode-long memory in every block: its hidden states summed with learned per-channel decays"""
+    """the older spelling of --long-memory decay"""
     memory_gate: bool = False
-    """in place of --memory-decay, an episode-long memory in every block whose writes and decays the input gates"""
+    """the older spelling of --long-memory gate"""
     recall_lags: int = 0
     """an auxiliary loss for the memory: every step's features predict the network's input 1 to this many steps
     back in the same episode (0: none); it asks the memory to keep what it saw before any reward asks for it"""
@@ -188,6 +190,7 @@ class Args:
         self.batch_size = self.num_envs * self.num_steps
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
+        older = "decay" if self.memory_decay else "gate" if self.memory_gate else None  # older spellings
         # the flags every script has are checked below the banner (check_flags), then these rows, this
         # script's own (flag, accepted, what it must be): one line names the first refused, before anything
         # is written
@@ -206,9 +209,11 @@ class Args:
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
             ("recall_lags", self.recall_lags >= 0, "at least 0"),
             ("recall_coef", 0 <= self.recall_coef < math.inf, "a number >= 0"),
-            # with W_f = W_i = 0 the gate's memory is a decayed sum too (of W_v x_t): it takes --memory-decay's place
+            ("long_memory", self.long_memory in ("none", "decay", "gate"), "none, decay or gate"),
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
+            ("long_memory", older is None or self.long_memory in ("none", older), f"{older} with --memory-{older}"),
         )
+        self.long_memory = older or self.long_memory
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_velocity: bool):
@@ -329,34 +334,31 @@ class FSMNBlock(nn.Module):
 
         h_t = tanh(W_in x_t)                        linear projection of the input
         m_t = h_t + sum_{i=0..N} a_i * h_{t-iS}     memory: causal depthwise conv, 0 before the episode
-            [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    with --memory-decay, e = 0 before the episode
+            [ + d * e_t,  e_t = lambda * e_{t-1} + g * h_t ]    --long-memory decay; e = 0 before the episode
         y_t = LayerNorm(x_t + W_out m_t)            output projection, skip, normalisation
-            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     with --memory-gate, e = 0 before the episode
+            [ + d * e_t,  e_t = f_t * e_{t-1} + i_t * v_t ]     --long-memory gate; e = 0 before the episode
 
     S is DFSMN's look-back stride (arXiv 1803.05030): N taps reach N*S steps back. e, per channel, sums the
-    whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). With
-    --memory-gate the input decides, step by step, how much e forgets and what it writes: f_t = sigmoid(W_f x_t +
+    whole episode with a learned decay lambda in (0, 1) (FFM, Morad et al. 2023, arXiv 2310.04128). With the
+    gate the input decides, step by step, how much e forgets and what it writes: f_t = sigmoid(W_f x_t +
     b_f), i_t = sigmoid(W_i x_t + b_i), v_t = W_v x_t (minGRU's and HGRN's input-dependent decay, Feng et al.
     2024, arXiv 2410.01201; Qin et al. 2023, arXiv 2311.04823), still a linear recurrence: one scan over a
     sequence. Its e is read after the normalisation: inside it, a growing e would be divided by its own size, and
     a count would lose what it counts (CountRecall's answer; benchmarks/results/popgym.md). The taps and d start
     at zero: the block starts memoryless and learns how much of the past to use."""
 
-    def __init__(
-        self, dim: int, memory_order: int, memory_stride: int = 1, memory_decay: bool = False, memory_gate: bool = False
-    ):
+    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, long_memory: str = "none"):
         super().__init__()
-        self.memory_order, self.memory_stride, self.memory_decay = memory_order, memory_stride, memory_decay
-        self.memory_gate = memory_gate
+        self.memory_order, self.memory_stride, self.long_memory = memory_order, memory_stride, long_memory
         self.proj_in = layer_init(nn.Linear(dim, dim))
         self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
-        if memory_decay:
+        if long_memory == "decay":
             # lambda = sigmoid(decay_logits), always in (0, 1); horizons 1/(1-lambda) from 2 to 200 steps,
             # log-uniform over the channels: lambda = 1 - 1/horizon, sigmoid's inverse log(horizon - 1)
             horizons = torch.logspace(math.log10(2), math.log10(200), dim)
             self.decay_logits = nn.Parameter(torch.log(horizons - 1))
             self.decay_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
-        if memory_gate:
+        if long_memory == "gate":
             # W_f, W_i, W_v in one projection (3H, H). W_f starts at zero, so the forget gate starts as fixed
             # decays whose horizons 1/(1-f) span 2 to 1000 steps (a whole episode), log-uniform over the channels
             self.gate = layer_init(nn.Linear(dim, 3 * dim))
@@ -378,26 +380,26 @@ class FSMNBlock(nn.Module):
         return torch.sigmoid(self.decay_logits), gain
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """--memory-gate's forget gate f_t and write i_t * v_t, (..., H) each, from x (..., H)."""
+        """The gate's forget gate f_t and write i_t * v_t, (..., H) each, from x (..., H)."""
         forget, write, value = self.gate(x).chunk(3, dim=-1)
         return torch.sigmoid(forget), torch.sigmoid(write) * value
 
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with
-        --memory-decay or --memory-gate, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
+        """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with a
+        --long-memory, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
         span = self.memory_order * self.memory_stride
         h = torch.tanh(self.proj_in(x))  # (B, H)
         window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
         # taps on h_t, h_{t-S}, ..., h_{t-N*S}
         m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H)
         new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
-        if self.memory_decay:
+        if self.long_memory == "decay":
             decay, gain = self.decay()
             e = decay * memory[:, span] + gain * h  # (B, H)
             m = m + self.decay_weights * e
             new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
         y = self.norm(x + self.proj_out(m))
-        if self.memory_gate:
+        if self.long_memory == "gate":
             forget, write = self.gates(x)  # (B, H) each
             e = forget * memory[:, span] + write  # (B, H)
             y = y + self.gate_weights * e  # after the normalisation (see the class's docstring)
@@ -419,11 +421,11 @@ class FSMNBlock(nn.Module):
         lagged = [history[k * stride : k * stride + len(x)] for k in range(self.memory_order + 1)]
         windows = torch.stack(lagged)  # (N+1, T, B, H)
         m = h + (windows * same_episode * self.taps.flip(0)[:, None, None]).sum(0)  # (T, B, H), taps reversed
-        if self.memory_decay:
+        if self.long_memory == "decay":
             decay, gain = self.decay()
             m = m + self.decay_weights * decayed_sum(gain * h, memory[:, span], decay, episode_starts)
         y = self.norm(x + self.proj_out(m))
-        if self.memory_gate:
+        if self.long_memory == "gate":
             forget, write = self.gates(x)  # (T, B, H) each: a decay per step
             y = y + self.gate_weights * decayed_sum(write, memory[:, span], forget, episode_starts)
         return y
@@ -432,18 +434,16 @@ class FSMNBlock(nn.Module):
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value
     head (std 1). Its memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none), and with
-    --memory-decay or --memory-gate one more slot at the end for every block's e: (L, B, N*S+1, H)."""
+    a --long-memory one more slot at the end for every block's e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
-        self.memory_stride, self.memory_decay, self.memory_gate = args.memory_stride, args.memory_decay, args.memory_gate
+        self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
-        self.blocks = nn.ModuleList(
-            FSMNBlock(args.hidden_dim, args.memory_order, args.memory_stride, args.memory_decay, args.memory_gate)
-            for _ in range(args.num_blocks)
-        )
+        block = (args.hidden_dim, args.memory_order, args.memory_stride, args.long_memory)
+        self.blocks = nn.ModuleList(FSMNBlock(*block) for _ in range(args.num_blocks))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
@@ -463,7 +463,7 @@ class Agent(nn.Module):
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         # N*S, the oldest tap's lag [+1: e]
-        slots = self.memory_order * self.memory_stride + (self.memory_decay or self.memory_gate)
+        slots = self.memory_order * self.memory_stride + (self.long_memory != "none")
         return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, slots, H)
 
     def get_states(self, x, memory, episode_starts):
@@ -741,10 +741,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
-            # TRY NOT TO MODIFY: keep the iteration's checkpoint
-            run.save(iteration, global_step, agent, optimizer)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -761,7 +759,7 @@ class Run:
     `with start(envs):` opens the loggers and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and, however the run
     ends (done, an error, a stop signal), keeps the logs and the last good checkpoint. Inside it come
     `iterations()`, at every env step `check_interrupt()` and `log_episodes(...)`, and once an iteration is
-    complete `record(...)` and `save(...)`."""
+    complete `record(...)`, which also keeps its checkpoint."""
 
     def __init__(self, args: Args, checkpoint: dict | None = None):
         """checkpoint: the one --resume names, as cli() loaded it (loaded here when main gets args alone)."""
@@ -948,7 +946,9 @@ class Run:
         values: torch.Tensor,
     ) -> None:
         """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run."""
+        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
+        snapshot of this complete iteration, what a stop or an error saves later, written every
+        --save-interval iterations."""
         self.global_step = global_step
         finite = [p.isfinite().all() for p in agent.parameters()]
         weights_finite = torch.stack(finite).all().float().view(1)
@@ -968,16 +968,6 @@ class Run:
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)
         if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
             log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
-
-    def save(
-        self,
-        iteration: int,
-        global_step: int,
-        agent: nn.Module,
-        optimizer: torch.optim.Optimizer,
-    ) -> None:
-        """A snapshot of this complete iteration, what a stop or an error saves later; written every
-        --save-interval iterations."""
         self.done_iteration = iteration
         if self.args.save_model:
             snapshot = make_checkpoint(self.args, self.name, agent, optimizer, iteration, global_step)
@@ -1285,18 +1275,19 @@ def status(recent_returns: list[float], sps: int) -> str:
     return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
 
 
+# ENGINEERING: evaluation
 def run_evaluation(args: Args) -> None:
     """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
     to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
     device = torch_device(args, [])
     check_names(args)
-    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
-    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
+    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")  # the one load
+    name = f"{os.path.basename(checkpoint['run_name'])}__eval__{int(time.time())}"
     video_dir = os.path.join("videos", name)
     wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
     video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
     episodes, deterministic = args.eval_episodes, args.eval_deterministic
-    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
+    returns = evaluate(checkpoint, episodes, deterministic, device, args.seed, video_path)
     print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
     if args.capture_video:
         print(f"videos: {video_dir}")
@@ -1308,7 +1299,6 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-# ENGINEERING: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
@@ -1327,7 +1317,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 @torch.no_grad()
 def evaluate(
-    checkpoint_path: str,
+    checkpoint: dict,
     episodes: int,
     deterministic: bool,
     device: torch.device,
@@ -1336,7 +1326,6 @@ def evaluate(
 ) -> list[float]:
     """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends and
     return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path, saved_args.mask_velocity)()
     torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats

@@ -203,9 +203,15 @@ def cpu_has_bf16() -> bool:
 def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
     """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
     defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
-    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them)."""
+    as EpisodicLifeEnv); evaluation envs play whole games. Rewards come back raw (the script clips them).
+    The id gives the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25); frame skipping is
+    always the vector env's 4, whatever the id says."""
+    spec = gym.registry[env_id]
     return AtariVectorEnv(
-        **atari_settings(env_id),
+        game=spec.kwargs["game"],
+        repeat_action_probability=spec.kwargs.get("repeat_action_probability", 0.25),
+        full_action_space=spec.kwargs.get("full_action_space", False),
+        max_num_frames_per_episode=spec.kwargs.get("max_num_frames_per_episode", 108_000) or 108_000,
         num_envs=num_envs,
         num_threads=threads or min(num_envs, os.cpu_count() or 1),
         noop_max=noop_max,
@@ -231,19 +237,6 @@ def check_env_args(env_id: str) -> None:
         raise SystemExit(f"error: --env-id={env_id} is a RAM or continuous-action variant; pick a pixel id (discrete actions)")
 
 
-def atari_settings(env_id: str) -> dict:
-    """A gymnasium Atari id -> the ROM and its sticky-action probability (v4 NoFrameskip: 0, v5: 0.25). Frame
-    skipping is always the vector env's 4, whatever the id says."""
-    check_env_args(env_id)
-    spec = gym.registry[env_id]
-    return dict(
-        game=spec.kwargs["game"],
-        repeat_action_probability=spec.kwargs.get("repeat_action_probability", 0.25),
-        full_action_space=spec.kwargs.get("full_action_space", False),
-        max_num_frames_per_episode=spec.kwargs.get("max_num_frames_per_episode", 108_000) or 108_000,
-    )
-
-
 class RecordGameStatistics(gym.vector.VectorWrapper):
     """RecordEpisodeStatistics for whole games: `info["episode"]` (`r`, `l`, raw score over all lives, agent steps) and
     `info["_episode"]` when a game ends. With life_loss_info a life lost is a termination too; a game is over when the env
@@ -251,13 +244,16 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
 
         lives    3  3  2  2  1  1  [3]       [3] = the reset game's first info (SAME_STEP autoreset)
         term     .  .  T  .  T  .   T
-        game                        over"""
+        game                        over
 
-    def __init__(self, env: gym.vector.VectorEnv):
+    With a video_path (--capture-video), also videos of env 0's whole games as the agent sees them."""
+
+    def __init__(self, env: gym.vector.VectorEnv, video_path: str = ""):
         super().__init__(env)
         self.returns = np.zeros(self.num_envs)
         self.lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.lives = np.zeros(self.num_envs, dtype=np.int64)
+        self.video_path, self.frames, self.games = video_path, [], 0  # env 0's game so far, games ended
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
@@ -270,6 +266,8 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
         self.lengths += 1
         game_over = truncations | (terminations & (info["lives"] >= self.lives))
         self.lives = info["lives"].astype(np.int64)
+        if self.video_path:  # at a game's end the newest observation is the next game's: keep its final one
+            self.record_video(info["final_obs"] if game_over[0] else obs, game_over[0])
         if game_over.any():
             info = dict(info)
             scores, lengths = np.where(game_over, self.returns, 0.0), np.where(game_over, self.lengths, 0)
@@ -277,6 +275,17 @@ class RecordGameStatistics(gym.vector.VectorWrapper):
             info["_episode"] = game_over
             self.returns[game_over], self.lengths[game_over] = 0, 0
         return obs, rewards, terminations, truncations, info
+
+    def record_video(self, obs: np.ndarray, game_over: bool) -> None:
+        """Env 0's newest 84x84 frame; at a game's end, the game upscaled to 336x336 RGB as
+        <prefix>-episode-<game>.mp4, on save_video's schedule."""
+        self.frames.append(obs[0, -1])
+        if game_over:
+            if capped_cubic_video_schedule(self.games):  # save_video's own schedule, checked before upscaling
+                frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in self.frames]
+                folder, prefix = os.path.split(self.video_path)
+                save_video(frames, folder, episode_index=self.games, fps=15, name_prefix=prefix)
+            self.frames, self.games = [], self.games + 1
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -517,7 +526,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # ALGO LOGIC: env setup (autoreset SAME_STEP, https://farama.org/Vector-Autoreset-Mode), agent, optimizer
     # a done step returns the next game's first obs, its last in info["final_obs"]; a life lost ends one
     envs = make_envs(args.env_id, args.num_envs, training=True, threads=args.env_threads)
-    envs = RecordGameStatistics(envs)
+    envs = RecordGameStatistics(envs, video_path=run.video_path if args.capture_video else "")
     agent = Agent(envs.single_action_space.n, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     get_action_and_value, loss_fn = agent.get_action_and_value, minibatch_loss
@@ -539,7 +548,6 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    video_frames, videos_saved = [], 0  # env 0's current game, as the agent sees it (--capture-video)
     memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, device=device)
@@ -585,19 +593,6 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 next_done = torch.as_tensor(termination | truncation, device=device)
                 run.log_episodes(infos, global_step)
 
-                # ENGINEERING: videos of env 0's whole games, as the agent sees them (84x84, the newest frame of the stack)
-                # at a game's end the newest observation is the next game's: keep the final one
-                if args.capture_video:
-                    game_over = "episode" in infos and infos["_episode"][0]
-                    video_frames.append((infos["final_obs"] if game_over else next_obs_np)[0, -1])
-                    if game_over and capped_cubic_video_schedule(videos_saved):  # save_video's schedule
-                        # 84x84 grayscale -> 336x336 RGB
-                        frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in video_frames]
-                        prefix = os.path.basename(run.video_path)
-                        save_video(frames, run.video_dir, episode_index=videos_saved, fps=15, name_prefix=prefix)
-                    if game_over:
-                        videos_saved, video_frames = videos_saved + 1, []
-
             # ALGO LOGIC: bootstrap value and advantages
             rewards, terminations, truncations = (
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
@@ -629,10 +624,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and approx_kl.item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
             run.record(iteration, global_step, agent, optimizer, stats, returns, values)
-            # TRY NOT TO MODIFY: keep the iteration's checkpoint
-            run.save(iteration, global_step, agent, optimizer)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -649,7 +642,7 @@ class Run:
     `with start(envs):` opens the loggers and the stop flag (Ctrl-C, SIGTERM, SIGUSR1) and, however the run
     ends (done, an error, a stop signal), keeps the logs and the last good checkpoint. Inside it come
     `iterations()`, at every env step `check_interrupt()` and `log_episodes(...)`, and once an iteration is
-    complete `record(...)` and `save(...)`."""
+    complete `record(...)`, which also keeps its checkpoint."""
 
     def __init__(self, args: Args, checkpoint: dict | None = None):
         """checkpoint: the one --resume names, as cli() loaded it (loaded here when main gets args alone)."""
@@ -836,7 +829,9 @@ class Run:
         values: torch.Tensor,
     ) -> None:
         """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run."""
+        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
+        snapshot of this complete iteration, what a stop or an error saves later, written every
+        --save-interval iterations."""
         self.global_step = global_step
         finite = [p.isfinite().all() for p in agent.parameters()]
         weights_finite = torch.stack(finite).all().float().view(1)
@@ -856,16 +851,6 @@ class Run:
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)
         if self.wandb_run is not None:  # each video as soon as it is written: a run killed later keeps them
             log_new_videos(self.wandb_run, self.video_dir, self.logged_videos)
-
-    def save(
-        self,
-        iteration: int,
-        global_step: int,
-        agent: nn.Module,
-        optimizer: torch.optim.Optimizer,
-    ) -> None:
-        """A snapshot of this complete iteration, what a stop or an error saves later; written every
-        --save-interval iterations."""
         self.done_iteration = iteration
         if self.args.save_model:
             snapshot = make_checkpoint(self.args, self.name, agent, optimizer, iteration, global_step)
@@ -1173,18 +1158,19 @@ def status(recent_returns: list[float], sps: int) -> str:
     return f"mean return {np.mean(recent_returns):.2f} (last {len(recent_returns)} episodes), {sps} steps/s"
 
 
+# ENGINEERING: evaluation
 def run_evaluation(args: Args) -> None:
     """--eval-checkpoint: each episode's return, then the mean and std; --capture-video records the episodes
     to videos/<run_name>__eval__<time>/ and --track sends the returns and videos to a W&B run of their own."""
     device = torch_device(args, [])
     check_names(args)
-    run_name = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")["run_name"]
-    name = f"{os.path.basename(run_name)}__eval__{int(time.time())}"
+    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")  # the one load
+    name = f"{os.path.basename(checkpoint['run_name'])}__eval__{int(time.time())}"
     video_dir = os.path.join("videos", name)
     wandb_run = start_wandb(args, name, ".", "eval") if args.track else None
     video_path = os.path.join(video_dir, "eval") if args.capture_video else ""
     episodes, deterministic = args.eval_episodes, args.eval_deterministic
-    returns = evaluate(args.eval_checkpoint, episodes, deterministic, device, args.seed, video_path)
+    returns = evaluate(checkpoint, episodes, deterministic, device, args.seed, video_path)
     print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +/- {np.std(returns):.2f}")
     if args.capture_video:
         print(f"videos: {video_dir}")
@@ -1196,11 +1182,11 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-# ENGINEERING: evaluation
 def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
+    check_env_args(args.env_id)
     envs = make_envs(args.env_id, 1, training=False)
     agent = Agent(envs.single_action_space.n, args).to(device)
     envs.close()
@@ -1214,7 +1200,7 @@ def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple
 
 @torch.no_grad()
 def evaluate(
-    checkpoint_path: str,
+    checkpoint: dict,
     episodes: int,
     deterministic: bool,
     device: torch.device,
@@ -1224,15 +1210,14 @@ def evaluate(
     """Play `episodes` whole games (all lives, no reward clipping) with a saved policy, print each raw score
     as its game ends and return them; with a video_path (folder/name start), record games as training does.
     A life lost is signalled as in training (the game goes on), so the memory is emptied where it was."""
-    checkpoint = load_checkpoint(checkpoint_path, "--eval-checkpoint")
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
-    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True))
+    envs = RecordGameStatistics(make_envs(saved_args.env_id, 1, training=True), video_path)
     action_set = list(envs.unwrapped.ale.get_action_set())
     fire = action_set.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in action_set else None
     torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     obs, infos = envs.reset(seed=seed)
     memory, done = agent.initial_memory(1, device), torch.ones(1, dtype=torch.bool, device=device)
-    scores, lives, frames = [], infos["lives"], []
+    scores, lives = [], infos["lives"]
     while len(scores) < episodes:
         hidden, memory = agent.get_states(torch.as_tensor(obs, device=device), memory, done)
         logits = agent.actor(hidden)
@@ -1242,17 +1227,9 @@ def evaluate(
         lives = infos["lives"]
         obs, _, termination, truncation, infos = envs.step(action.cpu().numpy())
         done = torch.as_tensor(termination | truncation, device=device)
-        game_over = "episode" in infos
-        if video_path:  # env 0's games as the agent sees them, as in training; a game ends on its final frame
-            frames.append((infos["final_obs"] if game_over else obs)[0, -1])
-        if game_over:
+        if "episode" in infos:
             scores.append(float(infos["episode"]["r"][0]))
             print(f"episode {len(scores)}: return {scores[-1]:.2f}")
-            if video_path and capped_cubic_video_schedule(len(scores) - 1):
-                folder, prefix = os.path.split(video_path)
-                frames = [np.repeat(np.repeat(f, 4, 0), 4, 1)[..., None].repeat(3, -1) for f in frames]
-                save_video(frames, folder, episode_index=len(scores) - 1, fps=15, name_prefix=prefix)
-            frames = []
     envs.close()
     return scores
 

@@ -41,8 +41,8 @@ import ppo_fsmn_cartpole as fsmn  # noqa: E402  (the network probed is the scrip
 KINDS = {
     "none": ["--memory-order", "0"],
     "taps": ["--memory-order", "16"],
-    "decay": ["--memory-order", "16", "--memory-decay"],
-    "gate": ["--memory-order", "16", "--memory-gate"],
+    "decay": ["--memory-order", "16", "--long-memory", "decay"],
+    "gate": ["--memory-order", "16", "--long-memory", "gate"],
 }
 
 

@@ -460,6 +460,7 @@ def assert_evaluation_fires_after_a_lost_life(script, tmp_path, monkeypatch) -> 
             return *rest, info
 
     monkeypatch.setattr(script, "RecordGameStatistics", Recorded)
-    scores = script.evaluate(path, 1, True, torch.device("cpu"), seed=1)
+    loaded = script.load_checkpoint(path, "--eval-checkpoint")
+    scores = script.evaluate(loaded, 1, True, torch.device("cpu"), seed=1)
     assert len(scores) == 1 and len(lengths) == 1
     assert lengths[0] < 3000, lengths  # without FIRE: 27,000 agent steps (108,000 frames)

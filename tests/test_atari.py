@@ -90,11 +90,13 @@ def test_game_statistics_cover_whole_games_and_raw_scores():
     assert all(length > 0 for *_, length in logged)
 
 
-def test_reward_clipping_and_unknown_settings():
-    assert p.atari_settings("ALE/Pong-v5")["repeat_action_probability"] == 0.25
-    assert p.atari_settings("PongNoFrameskip-v4") == dict(
-        game="pong", repeat_action_probability=0.0, full_action_space=False, max_num_frames_per_episode=108_000
-    )
+def test_reward_clipping_and_unknown_settings(monkeypatch):
+    monkeypatch.setattr(p, "AtariVectorEnv", dict)  # make_envs returns the vector env's settings
+    assert p.make_envs("ALE/Pong-v5", 1, training=False)["repeat_action_probability"] == 0.25
+    settings = p.make_envs("PongNoFrameskip-v4", 1, training=False)
+    expected = dict(game="pong", repeat_action_probability=0.0, full_action_space=False)
+    expected |= dict(max_num_frames_per_episode=108_000)
+    assert {k: settings[k] for k in expected} == expected
 
 
 # ---------------------------------------------------------------------------------------------------------------------

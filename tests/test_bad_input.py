@@ -43,6 +43,8 @@ KINDS = [
     (["--target-kl", "0.0"], "--target-kl=0.0"),
     (["--memory-stride", "0"], "--memory-stride=0"),
     (["--memory-gate", "--memory-decay"], "--memory-decay=True"),
+    (["--long-memory", "lstm"], "--long-memory=lstm"),
+    (["--long-memory", "decay", "--memory-gate"], "--long-memory=decay"),
 ]
 
 

@@ -294,11 +294,13 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
 
     with monkeypatch.context() as patched:
         patched.setattr(p.RunningNorm, "update", no_update)
-        returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+        loaded = p.load_checkpoint(path, "--eval-checkpoint")
+        returns = p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
     assert len(returns) == 2 and all(-3300 < r <= 0 for r in returns)
 
     # evaluation with frozen statistics is reproducible: same returns on a second load
-    assert p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0) == returns
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    assert p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0) == returns
 
     # --resume starts from the saved statistics: after 2 more iterations the count is the saved one plus the new samples
     args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 5, num_minibatches=2, progress=False)
@@ -498,7 +500,8 @@ def test_periodic_evaluation_logs_and_keeps_the_best_policy_across_a_resume(in_t
     improved = [line for line in capsys.readouterr().out.splitlines() if "the best so far" in line]
     said = f"eval return {best['eval_return']:.2f}, the best so far: {os.path.normpath(best_path)}"
     assert improved[-1] == f"step {best_step}: {said}", improved
-    replay = p.evaluate(best_path, episodes=2, deterministic=False, device=torch.device("cpu"), seed=1)
+    loaded = p.load_checkpoint(best_path, "--eval-checkpoint")
+    replay = p.evaluate(loaded, episodes=2, deterministic=False, device=torch.device("cpu"), seed=1)
     assert float(np.mean(replay)) == best["eval_return"]
 
     os.mkdir("plain")
@@ -528,9 +531,11 @@ def test_a_checkpoint_with_flags_of_an_earlier_version_still_evaluates(in_tmp):
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = torch.load(path, weights_only=True)
     torch.save({**checkpoint, "args": {**checkpoint["args"], "rollout_threads": 1, "async_envs": False}}, path)
-    expected = p.evaluate(path, episodes=1, deterministic=True, device=torch.device("cpu"), seed=0)
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    expected = p.evaluate(loaded, episodes=1, deterministic=True, device=torch.device("cpu"), seed=0)
     torch.save(checkpoint, path)
-    assert p.evaluate(path, episodes=1, deterministic=True, device=torch.device("cpu"), seed=0) == expected
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    assert p.evaluate(loaded, episodes=1, deterministic=True, device=torch.device("cpu"), seed=0) == expected
 
 
 @pytest.mark.smoke
@@ -568,8 +573,10 @@ def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
     (path,) = glob.glob("runs/*/checkpoint.pt")
     model = torch.load(path, weights_only=True)["model"]
     assert model["obs_norm.mean"].is_cuda and float(model["obs_norm.count"]) > 100
-    on_cpu = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
-    on_cuda = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cuda"), seed=0)
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    on_cpu = p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    on_cuda = p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cuda"), seed=0)
     np.testing.assert_allclose(on_cpu, on_cuda, rtol=1e-2)
 
 

@@ -47,7 +47,8 @@ def test_fsmn_trains_on_cuda_and_checkpoints_load_on_cpu(in_tmp, monkeypatch):
     p.main(args)
     assert devices[0].type == "cuda"
     (path,) = glob.glob("runs/*/checkpoint.pt")
-    returns = p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    returns = p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
     assert len(returns) == 2
 
 
@@ -174,5 +175,6 @@ def test_ppg_trains_on_cuda_with_its_auxiliary_phase_and_evaluates_on_cpu(in_tmp
     ppg.main(args)
     (run_dir,) = run_dirs(".")
     assert len(read_scalars(run_dir)["losses/aux/kl_loss"]) == 2
-    returns = ppg.evaluate(f"{run_dir}/checkpoint.pt", episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
+    loaded = ppg.load_checkpoint(f"{run_dir}/checkpoint.pt", "--eval-checkpoint")
+    returns = ppg.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)
     assert len(returns) == 2

@@ -37,24 +37,20 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
 PENDULUM = "popgym-NoisyPositionOnlyPendulumEasy-v0"  # POPGym's continuous-action task
 
 
-# the episode-long memory of every block: none, --memory-decay's fixed decays, or --memory-gate's input-gated ones
+# --long-memory, the episode-long memory of every block: none, fixed learned decays, or input-gated ones
 LONG_MEMORIES = ["none", "decay", "gate"]
 
 
-def long_memory_flags(long_memory: str) -> dict:
-    return dict(memory_decay=long_memory == "decay", memory_gate=long_memory == "gate")
-
-
 def randomize_long_memory(block) -> None:
-    """Random read-out weights d (they start at zero, which would hide a wrong memory); --memory-decay's decays spread
-    wider than the initial ones, from a horizon of 1 step to 400; --memory-gate's forget gate made input-dependent
+    """Random read-out weights d (they start at zero, which would hide a wrong memory); --long-memory decay's decays spread
+    wider than the initial ones, from a horizon of 1 step to 400; --long-memory gate's forget gate made input-dependent
     (W_f starts at zero) around the same spread of biases."""
     dim = block.taps.shape[1]
     with torch.no_grad():
-        if block.memory_decay:
+        if block.long_memory == "decay":
             block.decay_weights.normal_(0.0, 0.5)
             block.decay_logits.copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
-        if block.memory_gate:
+        if block.long_memory == "gate":
             block.gate_weights.normal_(0.0, 0.5)
             block.gate.weight[:dim].normal_(0.0, 1.0)
             block.gate.bias[:dim].copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
@@ -69,7 +65,7 @@ def random_agent(
     args = p.Args(
         memory_order=memory_order,
         memory_stride=memory_stride,
-        **long_memory_flags(long_memory),
+        long_memory=long_memory,
         num_blocks=num_blocks,
         hidden_dim=16,
         prev_action=False,
@@ -120,18 +116,18 @@ def reference_block(block, xs: list[torch.Tensor], starts: torch.Tensor) -> list
             lag = i * block.memory_stride
             if t - lag >= 0:
                 m = m + block.taps[i] * hs[t - lag] * (t - lag >= episode_begin).unsqueeze(-1)
-        if block.memory_decay:
+        if block.long_memory == "decay":
             decay = 1 / (1 + torch.exp(-block.decay_logits))
             e = torch.where(starts[t].unsqueeze(-1), 0.0, decay * e) + torch.sqrt(1 - decay**2) * h
             m = m + block.decay_weights * e
-        if block.memory_gate:
+        if block.long_memory == "gate":
             w_f, w_i, w_v = block.gate.weight.chunk(3)  # (H, H) each
             b_f, b_i, b_v = block.gate.bias.chunk(3)
             forget, write = 1 / (1 + torch.exp(-(x @ w_f.T + b_f))), 1 / (1 + torch.exp(-(x @ w_i.T + b_i)))
             e = torch.where(starts[t].unsqueeze(-1), 0.0, forget * e) + write * (x @ w_v.T + b_v)
         y = x + m @ block.proj_out.weight.T + block.proj_out.bias
         y = torch.nn.functional.layer_norm(y, (y.shape[-1],), block.norm.weight, block.norm.bias)
-        outputs.append(y + block.gate_weights * e if block.memory_gate else y)
+        outputs.append(y + block.gate_weights * e if block.long_memory == "gate" else y)
     return outputs
 
 
@@ -180,7 +176,7 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
 def test_block_matches_the_formula(memory_order, memory_stride, long_memory):
     """Tap a_0 weights the current step and a_i the step i*S back; d weights the decayed sum e."""
     torch.manual_seed(1)
-    block, span = p.FSMNBlock(8, memory_order, memory_stride, **long_memory_flags(long_memory)), memory_order * memory_stride
+    block, span = p.FSMNBlock(8, memory_order, memory_stride, long_memory), memory_order * memory_stride
     with torch.no_grad():
         block.taps.copy_(torch.randn_like(block.taps))
         randomize_long_memory(block)
@@ -237,7 +233,7 @@ def test_nothing_crosses_an_episode_start(memory_order, memory_stride, long_memo
 @pytest.mark.parametrize("per_step", [False, True])
 def test_decayed_sum_matches_a_plain_loop(per_step):
     """The parallel scan against the recurrence step by step: decays from 0.05 to 0.999 per channel (H,), or drawn
-    per step (T, B, H) in [0, 1) as --memory-gate's are; a carried e, episode starts anywhere (the first step's too),
+    per step (T, B, H) in [0, 1) as --long-memory gate's are; a carried e, episode starts anywhere (the first step's too),
     lengths around powers of two."""
     generator = torch.Generator().manual_seed(0)
     for length in (1, 2, 7, 64, 100):
@@ -300,7 +296,7 @@ def test_recall_loss_trains_the_memory_to_keep_past_inputs():
 @pytest.mark.parametrize("memory_order", [0, 2])
 @pytest.mark.parametrize("long_memory", ["decay", "gate"])
 def test_decayed_memory_reaches_past_the_taps_until_the_episode_ends(memory_order, long_memory):
-    """With --memory-decay or --memory-gate and d non-zero, an observation at step 0 still changes the output 60 steps
+    """With a --long-memory and d non-zero, an observation at step 0 still changes the output 60 steps
     later, far past the taps' N*S = 2, in the rollout and in training; after an episode start it changes nothing."""
     agent = random_agent(memory_order, num_blocks=1, long_memory=long_memory)
     with torch.no_grad():  # the initial decays
@@ -324,14 +320,14 @@ def test_decayed_memory_reaches_past_the_taps_until_the_episode_ends(memory_orde
 
 
 def test_memory_decay_starts_memoryless():
-    """d starts at zero: at initialisation --memory-decay gives the same outputs as the taps alone (the same seed gives
+    """d starts at zero: at initialisation --long-memory decay gives the same outputs as the taps alone (the same seed gives
     the same weights), and its decays are log-uniform horizons 1/(1-lambda) from 2 to 200 steps."""
     obs, starts = torch.randn(12, 2, 3), torch.rand(12, 2) < 0.2
     starts[0] = True
     outputs = []
-    for memory_decay in (False, True):
+    for long_memory in ("none", "decay"):
         torch.manual_seed(3)
-        agent = p.Agent(3, 2, p.Args(memory_decay=memory_decay, hidden_dim=16, prev_action=False))
+        agent = p.Agent(3, 2, p.Args(long_memory=long_memory, hidden_dim=16, prev_action=False))
         with torch.no_grad():
             outputs.append(run_steps(agent, obs, agent.initial_memory(2, "cpu"), starts)[:2])
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
@@ -340,12 +336,12 @@ def test_memory_decay_starts_memoryless():
 
 
 def test_memory_gate_starts_memoryless_with_forget_horizons_from_2_to_1000_steps():
-    """d starts at zero: given the taps-only agent's weights, --memory-gate gives its outputs; W_f starts at zero, so the
+    """d starts at zero: given the taps-only agent's weights, --long-memory gate gives its outputs; W_f starts at zero, so the
     forget gate is the same at every step, with log-uniform horizons 1/(1-f) from 2 to 1000 steps."""
     obs, starts = torch.randn(12, 2, 3), torch.rand(12, 2) < 0.2
     starts[0] = True
     plain = p.Agent(3, 2, p.Args(hidden_dim=16, prev_action=False))
-    gated = p.Agent(3, 2, p.Args(memory_gate=True, hidden_dim=16, prev_action=False))
+    gated = p.Agent(3, 2, p.Args(long_memory="gate", hidden_dim=16, prev_action=False))
     missing, unexpected = gated.load_state_dict(plain.state_dict(), strict=False)
     assert not unexpected and all(".gate" in name for name in missing), missing
     with torch.no_grad():
@@ -411,7 +407,8 @@ def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monk
         raise AssertionError("evaluation must not update the normalisation statistics")
 
     monkeypatch.setattr(p.RunningNorm, "update", no_update)
-    assert len(p.evaluate(path, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
+    loaded = p.load_checkpoint(path, "--eval-checkpoint")
+    assert len(p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0)) == 2
 
 
 class RandomMemoryBlock(p.FSMNBlock):
@@ -441,7 +438,7 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, 
     the episode masks that the rollout saw: at a learning rate of 0, KL 0 in every minibatch."""
     monkeypatch.setattr(p, "FSMNBlock", RandomMemoryBlock)
     flags = dict(prev_action=prev_action, memory_order=memory_order, memory_stride=memory_stride)
-    flags |= long_memory_flags(long_memory)
+    flags |= dict(long_memory=long_memory)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
@@ -455,8 +452,7 @@ def test_training_with_context_replays_the_rollout_exactly(in_tmp, monkeypatch, 
     step, or started from the wrong memory, gives KL > 0."""
     monkeypatch.setattr(p, "FSMNBlock", RandomMemoryBlock)
     flags = dict(env_id="popgym-AutoencodeEasy-v0", memory_order=8, memory_stride=2, norm_obs=False)
-    flags |= dict(context_steps=context_steps)
-    flags |= long_memory_flags(long_memory)
+    flags |= dict(context_steps=context_steps, long_memory=long_memory)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
@@ -772,14 +768,15 @@ def test_an_observation_gymnasium_cannot_flatten_is_one_line():
     [
         ("popgym-RepeatPreviousEasy-v0", ""),
         ("popgym-CountRecallEasy-v0", ""),
-        ("popgym-CountRecallEasy-v0", "--memory-gate"),
+        ("popgym-CountRecallEasy-v0", "--long-memory gate"),
         ("popgym-AutoencodeEasy-v0", "--memory-gate --context-steps 40 --recall-lags 4"),
         ("popgym-BattleshipEasy-v0", ""),
     ],
 )
 def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_id, memory):
     """Discrete, MultiDiscrete and Tuple observations, Battleship's grid actions: 128 steps per env end an episode in
-    each (Autoencode's takes 103). CountRecall with --memory-gate too: its checkpoint evaluates with the gated memory."""
+    each (Autoencode's takes 103). CountRecall with --long-memory gate too, Autoencode with its older spelling
+    --memory-gate: their checkpoints evaluate with the gated memory."""
     cwd = str(tmp_path)
     flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
     flags += memory.split()
@@ -792,6 +789,31 @@ def test_cli_smoke_on_popgym_tasks_logs_checkpoints_and_evaluates(tmp_path, env_
     result = run_script(SCRIPT, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("long_memory", ["decay", "gate"])
+def test_a_checkpoint_with_the_older_memory_flags_resumes_and_evaluates(tmp_path, long_memory):
+    """Checkpoints written before --long-memory hold its older spellings, memory_decay or memory_gate, as booleans:
+    they evaluate and resume with that memory."""
+    cwd = str(tmp_path)
+    flags = [*TINY, "--long-memory", long_memory, "--save-model"]
+    result = run_script(SCRIPT, *flags, "--total-timesteps", "128", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["args"]["long_memory"]
+    checkpoint["args"] |= dict(memory_decay=long_memory == "decay", memory_gate=long_memory == "gate")
+    torch.save(checkpoint, path)
+    result = run_script(SCRIPT, "--eval-checkpoint", path, "--eval-episodes", "1", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 1 episodes, mean return" in result.stdout
+    result = run_script(SCRIPT, "--total-timesteps", "256", "--resume", path, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "--memory-" not in result.stdout and "--long-memory" not in result.stdout  # no memory flag differs
+    resumed = torch.load(path, weights_only=True)
+    assert (resumed["global_step"], resumed["args"]["long_memory"]) == (256, long_memory)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

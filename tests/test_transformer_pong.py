@@ -258,8 +258,8 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
 def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
     """Games cut at a small frame limit: the value stored for a truncated step must be the value of the game's final
     observation seen after the game's own frames, as a plain one-pass sequence over those frames computes it."""
-    original_settings = p.atari_settings
-    monkeypatch.setattr(p, "atari_settings", lambda env_id: {**original_settings(env_id), "max_num_frames_per_episode": 200})
+    original_env = p.AtariVectorEnv
+    monkeypatch.setattr(p, "AtariVectorEnv", lambda **settings: original_env(**settings | {"max_num_frames_per_episode": 200}))
     seen, captured = [], []  # every env step's (observations the agent saw next, final observations); GAE's inputs
     original_step, original_reset = p.RecordGameStatistics.step, p.RecordGameStatistics.reset
 
