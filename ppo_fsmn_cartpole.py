@@ -449,7 +449,9 @@ class Agent(nn.Module):
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
         # --recall-lags's head: the input 1..K steps back, (K * input_dim), from the features; not in the policy
         self.recall_lags, input_dim = args.recall_lags, obs_dim + n_actions * args.prev_action
-        self.recall = layer_init(nn.Linear(args.hidden_dim, args.recall_lags * input_dim)) if args.recall_lags else None
+        self.recall = None
+        if args.recall_lags:
+            self.recall = layer_init(nn.Linear(args.hidden_dim, args.recall_lags * input_dim))
 
     def observe(self, obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
         """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with
@@ -567,7 +569,8 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac", "recall_loss")
+LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+LOSS_NAMES += ("recall_loss",)  # --recall-lags's, 0 without it
 
 
 def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -600,7 +603,7 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     recall = torch.zeros_like(loss)
-    if agent.recall is not None:  # the memory's auxiliary loss: the inputs of earlier steps, from each step's features
+    if agent.recall is not None:  # the memory's auxiliary loss: earlier steps' inputs from each step's features
         recall = recall_loss(agent.recall(features).unflatten(-1, (agent.recall_lags, -1)), mb_obs, mb_starts)
         loss = loss + args.recall_coef * recall
     stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac, recall])
