@@ -341,6 +341,13 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), as a tensor (no host sync): how much of the returns' variance
+    the value function explains (1 at best); NaN where the returns do not vary."""
+    var_y = torch.var(returns)
+    return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
+
+
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
     Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
@@ -350,22 +357,20 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
-AUX_LOSS_NAMES = ("kl_loss", "aux_value_loss", "real_value_loss")
-
-
-def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_policy: bool, train_value: bool) -> tuple:
-    """The PPO loss of a minibatch of samples: its policy part in the first E_pi epochs, value part in E_V.
-    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
-    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
-    logratio = newlogprob - mb_logprobs
+def minibatch_loss(
+    agent: Agent, args: Args, mb: dict[str, torch.Tensor], *, train_policy: bool, train_value: bool
+) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of a minibatch of samples, its fields by name: its policy part in the first E_pi epochs,
+    value part in E_V. Returns the loss and its stats by name, without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    mb_advantages, mb_returns, mb_values = mb["advantages"], mb["returns"], mb["values"]
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     # Policy loss
@@ -383,48 +388,54 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor, train_pol
     entropy_loss = entropy.mean()
     # the policy network and the value network share no weight: a part left out leaves its network's gradients None,
     # so that the optimizer skips it (a zero gradient would still move it, by Adam's momentum)
-    loss = torch.zeros((), device=mb_obs.device)
+    loss = torch.zeros((), device=mb_returns.device)
     if train_policy:
         loss = loss + pg_loss - args.ent_coef * entropy_loss
     if train_value:
         loss = loss + v_loss * args.vf_coef
-    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
-    return loss, stats.detach()
+    stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
+    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
+    return loss, {name: x.detach() for name, x in stats.items()}
 
 
-def auxiliary_loss(agent: Agent, args: Args, mb_obs, mb_old_logits, mb_returns) -> tuple[torch.Tensor, torch.Tensor]:
+def auxiliary_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """PPG's auxiliary phase on one minibatch (Cobbe et al. 2020, equations 2 and 3): the auxiliary value
     head's error plus beta_clone * KL(pi_old || pi) for the policy network, the value error for the value
-    network. Returns the loss and its stats, named in AUX_LOSS_NAMES, without a host sync."""
-    probs, aux_value = agent.get_pi_and_aux_value(mb_obs)
-    kl_loss = torch.distributions.kl_divergence(Categorical(logits=mb_old_logits, validate_args=False), probs).mean()
-    aux_value_loss = 0.5 * ((aux_value - mb_returns) ** 2).mean()
-    real_value_loss = 0.5 * ((agent.get_value(mb_obs) - mb_returns) ** 2).mean()
+    network. Returns the loss and its stats by name, without a host sync."""
+    probs, aux_value = agent.get_pi_and_aux_value(mb["obs"])
+    old_probs = Categorical(logits=mb["old_logits"], validate_args=False)
+    kl_loss = torch.distributions.kl_divergence(old_probs, probs).mean()
+    aux_value_loss = 0.5 * ((aux_value - mb["returns"]) ** 2).mean()
+    real_value_loss = 0.5 * ((agent.get_value(mb["obs"]) - mb["returns"]) ** 2).mean()
     loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
-    return loss, torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
+    stats = dict(kl_loss=kl_loss, aux_value_loss=aux_value_loss, real_value_loss=real_value_loss)
+    return loss, {name: x.detach() for name, x in stats.items()}
 
 
 def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> dict[str, float]:
     """E_aux epochs over every stored observation, in minibatches of whole env rollouts, at the optimizer's
-    current learning rate. Returns the stats named in AUX_LOSS_NAMES, averaged over all minibatches."""
+    current learning rate. Returns the loss's stats by name, each averaged over all minibatches."""
     obs_dim = agent.phase_obs.shape[-1]
     # (n_iteration * num_envs, num_steps, ...): one row per env rollout
     aux_obs = agent.phase_obs.transpose(1, 2).reshape(-1, args.num_steps, obs_dim)
     aux_returns = agent.phase_returns.transpose(1, 2).reshape(-1, args.num_steps)
     with torch.no_grad():
         old_logits = agent.get_pi_and_aux_value(aux_obs)[0].logits  # pi_old, fixed for the whole phase
+    aux_batch = dict(obs=aux_obs, old_logits=old_logits, returns=aux_returns)  # dim 0: env rollouts
     rollout_inds, stats = np.arange(aux_obs.shape[0]), []
     for epoch in range(args.e_auxiliary):
         np.random.shuffle(rollout_inds)
         for start in range(0, len(rollout_inds), args.num_aux_rollouts):
             mb_inds = torch.as_tensor(rollout_inds[start : start + args.num_aux_rollouts], device=aux_obs.device)
-            loss, mb_stats = auxiliary_loss(agent, args, aux_obs[mb_inds], old_logits[mb_inds], aux_returns[mb_inds])
+            loss, mb_stats = auxiliary_loss(agent, args, {name: x[mb_inds] for name, x in aux_batch.items()})
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             stats.append(mb_stats)
-    return dict(zip(AUX_LOSS_NAMES, torch.stack(stats).mean(0).tolist()))
+    names = list(stats[0])  # every minibatch's stats have the same names
+    means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
+    return dict(zip(names, means.tolist()))
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
@@ -538,24 +549,25 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
 
             # ALGO LOGIC: policy phase, E_pi epochs of the policy loss and E_V of the value loss over minibatches of samples
+            batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
+            batch.update(advantages=advantages, returns=returns)
+            batch = {name: x.flatten(0, 1) for name, x in batch.items()}  # (batch_size, ...)
             b_inds = np.arange(args.batch_size)
             stats = []
             for epoch in range(max(args.e_policy, args.e_value)):
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    batch = (obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
+                    minibatch = {name: x[mb_inds] for name, x in batch.items()}  # (minibatch_size, ...)
                     parts = dict(train_policy=epoch < args.e_policy, train_value=epoch < args.e_value)
-                    loss, mb_stats = minibatch_loss(agent, args, *minibatch, **parts)
+                    loss, mb_stats = minibatch_loss(agent, args, minibatch, **parts)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
                     stats.append(mb_stats)
 
-                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
             # ALGO LOGIC: auxiliary phase, after every N_pi iterations, at this iteration's learning rate
@@ -567,7 +579,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     run.writer.add_scalar(f"losses/aux/{name}", value, global_step)
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
-            run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -766,28 +778,27 @@ class Run:
         global_step: int,
         agent: nn.Module,
         optimizer: torch.optim.Optimizer,
-        stats: list[torch.Tensor],
-        returns: torch.Tensor,
-        values: torch.Tensor,
+        stats: list[dict[str, torch.Tensor]],
+        explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
-        snapshot of this complete iteration, what a stop or an error saves later, written every
+        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
+        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
+        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
         --save-interval iterations."""
         self.global_step = global_step
-        finite = [p.isfinite().all() for p in agent.parameters()]
-        weights_finite = torch.stack(finite).all().float().view(1)
-        *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-        losses = dict(zip(LOSS_NAMES, means))
+        weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
+        names = list(stats[0])  # every minibatch's stats have the same names
+        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
+        last = torch.stack([explained_var, weights_finite.float()])
+        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
+        losses = dict(zip(names, means), explained_variance=explained_var)
         if not (np.isfinite(losses["loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
-        var_y = torch.var(returns)
-        explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
         sps = self.sps()
         self.writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-        for name, value in {**losses, "explained_variance": explained_var}.items():
+        for name, value in losses.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)

@@ -353,6 +353,13 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), as a tensor (no host sync): how much of the returns' variance
+    the value function explains (1 at best); NaN where the returns do not vary."""
+    var_y = torch.var(returns)
+    return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
+
+
 LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
 
 
@@ -551,21 +558,21 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
                     if args.cudagraphs:  # the five lines below, as one captured graph at the annealed rate
                         lr.fill_(optimizer.param_groups[0]["lr"])
-                        stats.append(update(*minibatch).clone())  # a replay overwrites its outputs
+                        mb_stats = update(*minibatch).clone()  # a replay overwrites its outputs
+                        stats.append(dict(zip(LOSS_NAMES, mb_stats)))
                         continue
                     loss, mb_stats = loss_fn(agent, args, *minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(mb_stats)
+                    stats.append(dict(zip(LOSS_NAMES, mb_stats)))
 
-                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
-            run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -764,28 +771,27 @@ class Run:
         global_step: int,
         agent: nn.Module,
         optimizer: torch.optim.Optimizer,
-        stats: list[torch.Tensor],
-        returns: torch.Tensor,
-        values: torch.Tensor,
+        stats: list[dict[str, torch.Tensor]],
+        explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
-        snapshot of this complete iteration, what a stop or an error saves later, written every
+        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
+        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
+        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
         --save-interval iterations."""
         self.global_step = global_step
-        finite = [p.isfinite().all() for p in agent.parameters()]
-        weights_finite = torch.stack(finite).all().float().view(1)
-        *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-        losses = dict(zip(LOSS_NAMES, means))
+        weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
+        names = list(stats[0])  # every minibatch's stats have the same names
+        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
+        last = torch.stack([explained_var, weights_finite.float()])
+        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
+        losses = dict(zip(names, means), explained_variance=explained_var)
         if not (np.isfinite(losses["loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
-        var_y = torch.var(returns)
-        explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
         sps = self.sps()
         self.writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-        for name, value in {**losses, "explained_variance": explained_var}.items():
+        for name, value in losses.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)

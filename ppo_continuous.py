@@ -363,6 +363,13 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), as a tensor (no host sync): how much of the returns' variance
+    the value function explains (1 at best); NaN where the returns do not vary."""
+    var_y = torch.var(returns)
+    return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
+
+
 def squash_action(u: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """a = low + (tanh(u) + 1) / 2 * (high - low); u: (..., A), low and high: (A,). The clamp is a no-op in
     exact arithmetic; it only guards the last float rounding, so an action is never outside [low, high]."""
@@ -389,21 +396,18 @@ def sample_squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, low: tor
     return u, (log_normal - log_det).sum(-1)
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
-
-
-def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of samples (normalised observations, pre-squash actions u).
-    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
-    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
-    logratio = newlogprob - mb_logprobs
+def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of a minibatch of samples (normalised observations, pre-squash actions u), its fields by
+    name. Returns the loss and its stats by name, without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    mb_advantages, mb_returns, mb_values = mb["advantages"], mb["returns"], mb["values"]
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     # Policy loss
@@ -420,8 +424,9 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
-    return loss, stats.detach()
+    stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
+    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
+    return loss, {name: x.detach() for name, x in stats.items()}
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
@@ -532,27 +537,28 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values)
+            batch.update(advantages=advantages, returns=returns)
+            batch = {name: x.flatten(0, 1) for name, x in batch.items()}  # (batch_size, ...)
             b_inds = np.arange(args.batch_size)
             stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    batch = (seen_obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)
+                    minibatch = {name: x[mb_inds] for name, x in batch.items()}  # (minibatch_size, ...)
+                    loss, mb_stats = loss_fn(agent, args, minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
                     stats.append(mb_stats)
 
-                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
-            run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
             # ENGINEERING: --eval-interval; best.pt keeps the best policy across --resume; Ctrl-C waits for it
             if args.eval_interval and iteration % args.eval_interval == 0:
                 evaluate_and_keep_best(run, agent, optimizer, iteration, global_step)
@@ -754,28 +760,27 @@ class Run:
         global_step: int,
         agent: nn.Module,
         optimizer: torch.optim.Optimizer,
-        stats: list[torch.Tensor],
-        returns: torch.Tensor,
-        values: torch.Tensor,
+        stats: list[dict[str, torch.Tensor]],
+        explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
-        snapshot of this complete iteration, what a stop or an error saves later, written every
+        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
+        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
+        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
         --save-interval iterations."""
         self.global_step = global_step
-        finite = [p.isfinite().all() for p in agent.parameters()]
-        weights_finite = torch.stack(finite).all().float().view(1)
-        *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-        losses = dict(zip(LOSS_NAMES, means))
+        weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
+        names = list(stats[0])  # every minibatch's stats have the same names
+        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
+        last = torch.stack([explained_var, weights_finite.float()])
+        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
+        losses = dict(zip(names, means), explained_variance=explained_var)
         if not (np.isfinite(losses["loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
-        var_y = torch.var(returns)
-        explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
         sps = self.sps()
         self.writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-        for name, value in {**losses, "explained_variance": explained_var}.items():
+        for name, value in losses.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)

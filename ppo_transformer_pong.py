@@ -472,21 +472,26 @@ def compute_gae(
     return advantages, advantages + values
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), as a tensor (no host sync): how much of the returns' variance
+    the value function explains (1 at best); NaN where the returns do not vary."""
+    var_y = torch.var(returns)
+    return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
 
 
-def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of whole env sequences (T, mb_envs, ...), replayed in one pass from the rollout's start.
-    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
-    mb_obs, mb_memory, mb_starts, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(mb_obs, mb_memory, mb_starts, mb_actions)
-    logratio = newlogprob - mb_logprobs
+def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from the
+    rollout's start. Returns the loss and its stats by name, without a host sync."""
+    sequence = (mb["obs"], mb["memory"], mb["starts"], mb["actions"])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(*sequence)
+    logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    mb_advantages, mb_returns, mb_values = mb["advantages"], mb["returns"], mb["values"]
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     # Policy loss
@@ -503,8 +508,9 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
-    return loss, stats.detach()
+    stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
+    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
+    return loss, {name: x.detach() for name, x in stats.items()}
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
@@ -603,6 +609,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
+            batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
+            batch.update(advantages=advantages, returns=returns, starts=episode_starts)  # (T, B, ...)
             env_inds = np.arange(args.num_envs)
             envs_per_minibatch = args.num_envs // args.num_minibatches
             stats = []
@@ -610,22 +618,21 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 np.random.shuffle(env_inds)
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
+                    minibatch = {name: x[:, mb_envs] for name, x in batch.items()}  # dim 1: envs
                     kv, valid, slot = initial_memory  # the ring's slot is the same for every env
-                    mb_memory = (kv[:, :, mb_envs], valid[mb_envs], slot)
-                    batch = (episode_starts, actions, logprobs, advantages, returns, values)  # dim 1: envs
-                    loss, mb_stats = loss_fn(agent, args, obs[:, mb_envs], mb_memory, *(x[:, mb_envs] for x in batch))
+                    minibatch["memory"] = (kv[:, :, mb_envs], valid[mb_envs], slot)
+                    loss, mb_stats = loss_fn(agent, args, minibatch)
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
                     stats.append(mb_stats)
 
-                approx_kl = dict(zip(LOSS_NAMES, stats[-1]))["approx_kl"]
-                if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
-            run.record(iteration, global_step, agent, optimizer, stats, returns, values)
+            run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -824,28 +831,27 @@ class Run:
         global_step: int,
         agent: nn.Module,
         optimizer: torch.optim.Optimizer,
-        stats: list[torch.Tensor],
-        returns: torch.Tensor,
-        values: torch.Tensor,
+        stats: list[dict[str, torch.Tensor]],
+        explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (named in LOSS_NAMES, averaged over all its minibatches, one host sync), the
-        explained variance, the learning rate and SPS; a non-finite loss or weight stops the run. Then a
-        snapshot of this complete iteration, what a stop or an error saves later, written every
+        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
+        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
+        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
         --save-interval iterations."""
         self.global_step = global_step
-        finite = [p.isfinite().all() for p in agent.parameters()]
-        weights_finite = torch.stack(finite).all().float().view(1)
-        *means, weights_finite = torch.cat([torch.stack(stats).mean(0), weights_finite]).tolist()
-        losses = dict(zip(LOSS_NAMES, means))
+        weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
+        names = list(stats[0])  # every minibatch's stats have the same names
+        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
+        last = torch.stack([explained_var, weights_finite.float()])
+        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
+        losses = dict(zip(names, means), explained_variance=explained_var)
         if not (np.isfinite(losses["loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
-        var_y = torch.var(returns)
-        explained_var = float("nan") if var_y == 0 else (1 - torch.var(returns - values) / var_y).item()
         sps = self.sps()
         self.writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-        for name, value in {**losses, "explained_variance": explained_var}.items():
+        for name, value in losses.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.progress.set_postfix_str(status(self.recent_returns, sps), refresh=False)

@@ -330,13 +330,15 @@ def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, mon
     agent, args = p.Agent(3, gym.spaces.Box(-2.0, 2.0, (2,)), p.Args()), p.Args(ent_coef=0.0)
     with torch.no_grad():
         agent.actor_mean.weight.normal_()
-    minibatch = (torch.randn(16, 3), torch.randn(16, 2), -torch.rand(16), torch.randn(16), torch.randn(16), torch.randn(16))
+    minibatch = dict(obs=torch.randn(16, 3), actions=torch.randn(16, 2), logprobs=-torch.rand(16))
+    minibatch.update(advantages=torch.randn(16), returns=torch.randn(16), values=torch.randn(16))
     results = []
     for loss_fn in (p.minibatch_loss, torch.compile(p.minibatch_loss)):
         agent.zero_grad()
-        loss, stats = loss_fn(agent, args, *minibatch)
+        loss, stats = loss_fn(agent, args, minibatch)
         loss.backward()  # --ent-coef 0: the entropy estimate's noise does not reach the gradients
-        results.append([loss.detach(), stats[[0, 1, 3, 4, 5, 6]]] + [param.grad.clone() for param in agent.parameters()])
+        results.append([loss.detach()] + [x for name, x in stats.items() if name != "entropy"])
+        results[-1] += [param.grad.clone() for param in agent.parameters()]
     for compiled, eager in zip(results[1], results[0]):
         torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, compile=True)
@@ -358,9 +360,9 @@ def test_the_env_gets_the_squash_of_the_stored_sample(in_tmp, monkeypatch):
         stepped.append(np.array(actions))
         return original_step(self, actions)
 
-    def spy_loss(agent, args, mb_obs, mb_actions, *rest):
-        trained.append(mb_actions.clone())
-        return original_loss(agent, args, mb_obs, mb_actions, *rest)
+    def spy_loss(agent, args, mb):
+        trained.append(mb["actions"].clone())
+        return original_loss(agent, args, mb)
 
     monkeypatch.setattr(p.Agent, "get_action_and_value", spy_gav)
     monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", spy_step)

@@ -52,3 +52,17 @@ def test_gae_matches_a_plain_loop(script, seed):
     )
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g.numpy(), e, atol=1e-10)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_explained_variance_matches_numpy(script):
+    """explained_variance against numpy's variances; NaN, not a division by zero, where returns are constant."""
+    explained_variance = import_script(script).explained_variance
+    rng = np.random.default_rng(0)
+    returns, values = rng.normal(size=(16, 4)), rng.normal(size=(16, 4))
+    expected = 1 - np.var(returns - values) / np.var(returns)
+    got = explained_variance(*(torch.tensor(x, dtype=torch.float32) for x in (values, returns)))
+    assert got.shape == () and abs(got.item() - expected) < 1e-5
+    perfect = explained_variance(torch.tensor(returns), torch.tensor(returns))
+    assert perfect.item() == pytest.approx(1.0)
+    assert torch.isnan(explained_variance(torch.tensor(values), torch.full((16, 4), 3.0)))
