@@ -357,9 +357,7 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-def minibatch_loss(
-    agent: Agent, args: Args, mb: dict[str, torch.Tensor], *, train_policy: bool, train_value: bool
-) -> tuple[torch.Tensor, dict]:
+def minibatch_loss(agent: Agent, args: Args, mb: dict, *, train_policy: bool, train_value: bool) -> tuple:
     """The PPO loss of a minibatch of samples, its fields by name: its policy part in the first E_pi epochs,
     value part in E_V. Returns the loss and its stats by name, without a host sync."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
