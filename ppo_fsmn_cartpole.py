@@ -608,7 +608,7 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
     if agent.recall is not None:  # the memory's auxiliary loss: earlier steps' inputs from each step's features
-        predicted = agent.recall(features).unflatten(-1, (agent.recall_lags, -1))  # (T, B, lags, obs)
+        predicted = agent.recall(features).unflatten(-1, (agent.recall_lags, -1))  # (T, B, lags, input)
         stats["recall_loss"] = recall_loss(predicted, mb["obs"], mb["starts"])
         loss = loss + args.recall_coef * stats["recall_loss"]
     stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
