@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -422,10 +423,12 @@ def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):
     assert run.threads_per_run(2) is None
     (tmp_path / "show.py").write_text("import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
     log = tmp_path / "show.log"
-    code = run.run_local(["show.py"], str(tmp_path), str(log), 1, {}, threading.Lock(), repo=str(tmp_path))
+    with ThreadPoolExecutor() as pool:  # the local way and the Ray backend's way, at once: each starts a Python
+        local = pool.submit(run.run_local, ["show.py"], str(tmp_path), str(log), 1, {}, threading.Lock(), str(tmp_path))
+        on_ray = pool.submit(run.execute, ["show.py"], repo=str(tmp_path), threads=1)
+        code, (ray_code, output, _) = local.result(), on_ray.result()
     assert code == 0 and log.read_text().splitlines()[1] == "1 1", log.read_text()
-    code, output, _ = run.execute(["show.py"], repo=str(tmp_path), threads=1)  # the Ray backend's way
-    assert code == 0 and output.splitlines()[0] == "1 1", output
+    assert ray_code == 0 and output.splitlines()[0] == "1 1", output
 
 
 @pytest.mark.smoke
