@@ -13,8 +13,9 @@ run already complete (its marker in <out>/done/) is skipped unless --rerun. Ever
 keeps its last checkpoint, and the same command resumes each unfinished run from there (the SB3 peers start again
 from step 0; so does a run on Ray, whose files come back only when it ends, from its previous checkpoint if any).
 `--backend ray` sends the same runs to a Ray cluster (`--address`, e.g. `auto` on a node of it) or to a local Ray
-instance, as tasks that reserve `--cpus-per-run`/`--gpus-per-run`; the repository travels to the nodes as the tasks'
-working dir, and each run's runs/, videos/ and wandb/ come back into <out> when it ends.
+instance, as tasks that reserve `--cpus-per-run`/`--gpus-per-run`; the repository (less the tests' fixtures and the
+tracked results) travels to the nodes as the tasks' working dir, and each run's runs/, videos/ and wandb/ come back
+into <out> when it ends.
 
 Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
   fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --memory-gate), plus
@@ -567,16 +568,19 @@ def pack(out: str, paths: list[str]) -> bytes:
 
 
 def ray_init(address: str | None, num_cpus: int) -> None:
-    """Connect to the Ray cluster at `address`, or start a local Ray instance of `num_cpus` CPUs. This repository
-    travels to every node as the tasks' working dir (the runs' files come back in the tasks' results)."""
+    """Connect to the Ray cluster at `address`, or start a local Ray instance of `num_cpus` CPUs, without a dashboard
+    (it adds seconds to the start). This repository, less what no run reads (the tests' fixtures, the tracked
+    results), travels to every node as the tasks' working dir (the runs' files come back in the tasks' results)."""
     import ray
 
     excludes = [".git", ".whl", "runs", "benchmarks/runs", "benchmark_runs", "wandb", "videos", "__pycache__"]
+    excludes += ["tests/fixtures", "benchmarks/results"]
     for attempt in range(3):
         try:
             ray.init(
                 address=address,
                 num_cpus=None if address else num_cpus,
+                include_dashboard=None if address else False,
                 log_to_driver=False,
                 runtime_env={"working_dir": ROOT, "excludes": excludes},
             )
@@ -633,8 +637,8 @@ def local_results(args: Args, jobs: dict[str, list[str]], out: str, stop: list[i
         }
         pending, passed_on = set(futures), 0
         while pending:
-            # a short wait, so that a stop signal is passed on within a second
-            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            # a short wait, so that a stop signal is passed on at once
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             for future in done:
                 if not future.cancelled():  # a queued run that the stop cancelled never started
                     yield futures[future], future.result()

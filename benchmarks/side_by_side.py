@@ -11,8 +11,8 @@ interpolated at the window's ends), so the table gives both runs' share of their
 each script's copy at git commit REF (or from a folder) alone, next to the new one: the speed before and after;
 `--against-beside` also runs REF's copies side by side. The table goes to benchmark_runs/side_by_side/ under the
 working folder (--out-dir elsewhere; --results into benchmarks/results/, the project's tracked results). Before each
-measurement the cores that other processes keep busy are read for a second; above a quarter of a core the output and
-the table say that the machine was busy.
+measurement the cores that other processes keep busy are read for a second (--load-seconds); above a quarter of a
+core the output and the table say that the machine was busy.
 """
 
 import glob
@@ -61,6 +61,8 @@ class Args:
     """where the table is written"""
     results: bool = False
     """write the table into benchmarks/results/, the project's tracked results (overwrites the file of that name)"""
+    load_seconds: float = 1.0
+    """how long the cores that other processes keep busy are read before each measurement"""
 
 
 def events(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +73,9 @@ def events(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
     accumulator.Reload()
     scalars = accumulator.Scalars("charts/SPS") if "charts/SPS" in accumulator.Tags()["scalars"] else []
     return np.array([e.wall_time for e in scalars]), np.array([e.step for e in scalars], dtype=float)
+
+
+POLL = 0.1  # seconds between two reads of the second run's events: it starts the measured run, then stops, on time
 
 
 def start(command: list[str], folder: str, total_timesteps: int) -> subprocess.Popen:
@@ -103,7 +108,7 @@ def measure(command: list[str], total: int, burn_in: float, second: list[str] | 
             while len(events(run_dir(os.path.join(folder, "second")))[0]) < 1:  # started up and ran one iteration
                 if background.poll() is not None:
                     finish(background, os.path.join(folder, "second"), " ".join(second))
-                time.sleep(1)
+                time.sleep(POLL)
         process = start(command, os.path.join(folder, "first"), total)
         finish(process, os.path.join(folder, "first"), " ".join(command))
         wall, steps = events(run_dir(os.path.join(folder, "first")))
@@ -116,7 +121,7 @@ def measure(command: list[str], total: int, burn_in: float, second: list[str] | 
             while (wall2 := events(run_dir(os.path.join(folder, "second")))[0]).max() < t1:  # an event past the window
                 if background.poll() is not None:
                     finish(background, os.path.join(folder, "second"), " ".join(second))
-                time.sleep(0.5)
+                time.sleep(POLL)
             background.send_signal(signal.SIGINT)
             finish(background, os.path.join(folder, "second"), " ".join(second), interrupted=True)
             wall2, steps2 = events(run_dir(os.path.join(folder, "second")))
@@ -152,7 +157,7 @@ def main(args: Args) -> None:
         for name, second, version in configs:
             other = None if second is None else command(name if second == "self" else second, version)
             total = args.total_timesteps or SCRIPTS[name][1]
-            before.append(load_before())
+            before.append(load_before(args.load_seconds))
             results[name, second, version].append(measure(command(name, version), total, args.burn_in, other))
             sps, second_sps = results[name, second, version][-1]
             label = f"{version + ' ' if version else ''}{name}" + (f" beside {second}" if second else " alone")
@@ -182,6 +187,7 @@ def main(args: Args) -> None:
         + (" --against-beside" if args.against_beside else "")
         + (f" --second {args.second}" if args.second != "atari" else "")
         + (" --results" if args.results else "")
+        + (f" --load-seconds {args.load_seconds:g}" if args.load_seconds != 1.0 else "")
         + "`.",
         "",
         f"| version | script | alone | beside itself (each) | share | beside {second_script} | share "
@@ -205,8 +211,8 @@ def main(args: Args) -> None:
                 f"Alone, {name} against {args.against}: median ratio **{np.median(ratios):.2f}** "
                 f"(min {min(ratios):.2f}, max {max(ratios):.2f})."
             )
-    lines += ["", f"Other processes kept up to {max(before):.2f} cores busy in the second before a measurement ({BUSY} "]
-    lines[-1] += "or more counts as busy)."
+    lines += ["", f"Other processes kept up to {max(before):.2f} cores busy in the {args.load_seconds:g} s before a "]
+    lines[-1] += f"measurement ({BUSY} or more counts as busy)."
     if max(before) >= BUSY:
         lines += ["", "**Warning: the machine was busy before these runs: the shares may not hold on a quiet one.**"]
     lines.append("")

@@ -23,9 +23,9 @@ how a refactor is checked. The table goes to benchmark_runs/sps/ under the worki
 --results into benchmarks/results/, the project's tracked results).
 
 Every run is also timed against the rest of the machine: the cores that other processes kept busy in the second
-before it starts and while it runs (Linux's /proc/stat, less the run's and this process's own CPU time). Above
-a quarter of a core the output and the table say that the machine was busy, so that the ratios may not hold on a
-quiet one. The peers take the cores other processes leave free, as the scripts do (peers.py).
+(--load-seconds) before it starts and while it runs (Linux's /proc/stat, less the run's and this process's own CPU
+time). Above a quarter of a core the output and the table say that the machine was busy, so that the ratios may not
+hold on a quiet one. The peers take the cores other processes leave free, as the scripts do (peers.py).
 """
 
 import glob
@@ -192,6 +192,8 @@ class Args:
     against: str | None = None
     """a git commit (or a folder holding the scripts as they were) whose copy of the script also runs every variant,
     for a before/after ratio"""
+    load_seconds: float = 1.0
+    """how long the cores that other processes keep busy are read before each run"""
 
 
 def busy_cpu_seconds() -> float:
@@ -229,9 +231,10 @@ def load_before(seconds: float = 1.0) -> float:
     return load.cores()
 
 
-def busy_lines(before: list[float], during: list[float]) -> list[str]:
-    """The table's line on the rest of the machine's load, and a warning when it was busy."""
-    line = f"Other processes kept up to {max(before):.2f} cores busy in the second before a run, {max(during):.2f} "
+def busy_lines(before: list[float], during: list[float], seconds: float = 1.0) -> list[str]:
+    """The table's line on the rest of the machine's load (read for `seconds` before each run), and a warning when it
+    was busy."""
+    line = f"Other processes kept up to {max(before):.2f} cores busy in the {seconds:g} s before a run, {max(during):.2f} "
     line += f"on average during one (a run's own CPU time left out; {BUSY} or more counts as busy)."
     if max(max(before), max(during)) < BUSY:
         return [line]
@@ -247,13 +250,15 @@ def measured_sps(run_dir: str, burn_in_steps: int) -> float:
     return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
 
 
-def run(command: list[str], total_timesteps: int, burn_in: float) -> tuple[float, float, float, float]:
+def run(
+    command: list[str], total_timesteps: int, burn_in: float, load_seconds: float = 1.0
+) -> tuple[float, float, float, float]:
     """Run one process in a fresh folder; return its steps per second, its peak resident memory in MiB, and the cores
-    that other processes kept busy in the second before it and while it ran."""
+    that other processes kept busy in the `load_seconds` before it and while it ran."""
     cwd = tempfile.mkdtemp(prefix="sps_")
     full = [sys.executable, os.path.join(ROOT, command[0]), *command[1:], "--total-timesteps", str(total_timesteps)]
     # a script extracted from another commit (--against) is an absolute path, which os.path.join keeps as it is
-    before = load_before()
+    before = load_before(load_seconds)
     with open(os.path.join(cwd, "log.txt"), "w") as log:
         load = OtherLoad()
         process = subprocess.Popen(full, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
@@ -277,6 +282,8 @@ def command_line(args: Args) -> str:
         flags.append("--variants " + " ".join(shlex.quote(name) for name in args.variants))
     if args.against is not None:
         flags.append(f"--against {args.against}")
+    if args.load_seconds != 1.0:
+        flags.append(f"--load-seconds {args.load_seconds:g}")
     return " ".join(flags)
 
 
@@ -316,7 +323,7 @@ def main(args: Args) -> None:
         order = [("peer", pair["peer"]), *commands.items()]
         for name, command in order if repeat % 2 == 0 else order[::-1]:
             try:
-                run_sps, run_memory, load, run_load = run(command, total, args.burn_in)
+                run_sps, run_memory, load, run_load = run(command, total, args.burn_in, args.load_seconds)
                 before.append(load), during.append(run_load)
             except SystemExit as failure:  # the other runs still run; the table shows nan and the exit status is 1
                 print(failure, flush=True)
@@ -353,7 +360,7 @@ def main(args: Args) -> None:
             else []
         ),
         "Peak resident memory (MiB, largest over repeats): " + ", ".join(f"{n} {max(m):.0f}" for n, m in memory.items()) + ".",
-        *busy_lines(before or [0.0], during or [0.0]),
+        *busy_lines(before or [0.0], during or [0.0], args.load_seconds),
         "",
     ]
     name = f"sps_{args.pair.replace('-', '_')}" + (

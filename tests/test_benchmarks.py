@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -358,7 +359,7 @@ def test_runner_stopped_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path, si
     runner = start_tool("benchmarks/run.py", [*flags, long_runs], str(tmp_path))
     deadline = time.time() + 120
     while time.time() < deadline and not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt")):
-        time.sleep(0.5)
+        time.sleep(0.1)
     try:
         (checkpoint_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))  # visible while it runs
         assert glob.glob(str(tmp_path / "runs" / "*" / "events.*")) and os.listdir(tmp_path / "logs")
@@ -385,7 +386,8 @@ def test_runner_stopped_keeps_the_run_and_the_same_sweep_resumes_it(tmp_path, si
     assert not (tmp_path / "logs" / "ppo_fsmn_cartpole__default__2.log").exists()  # queued: never started
     step = torch.load(checkpoint_path, weights_only=True)["global_step"]
 
-    again = run_script("benchmarks/run.py", *flags, f"--extra={TINY} --total-timesteps {step + 256}", cwd=str(tmp_path))
+    resume = [*flags, f"--extra={TINY} --total-timesteps {step + 256}", "--workers", "2"]  # both at once
+    again = run_script("benchmarks/run.py", *resume, cwd=str(tmp_path))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "2 to run (1 from their last checkpoint)" in again.stdout
     log = (tmp_path / "logs" / "ppo_fsmn_cartpole__default__1.log").read_text()
@@ -421,10 +423,12 @@ def test_runs_side_by_side_share_the_cores_out(tmp_path, monkeypatch):
     assert run.threads_per_run(2) is None
     (tmp_path / "show.py").write_text("import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
     log = tmp_path / "show.log"
-    code = run.run_local(["show.py"], str(tmp_path), str(log), 1, {}, threading.Lock(), repo=str(tmp_path))
+    with ThreadPoolExecutor() as pool:  # the local way and the Ray backend's way, at once: each starts a Python
+        local = pool.submit(run.run_local, ["show.py"], str(tmp_path), str(log), 1, {}, threading.Lock(), str(tmp_path))
+        on_ray = pool.submit(run.execute, ["show.py"], repo=str(tmp_path), threads=1)
+        code, (ray_code, output, _) = local.result(), on_ray.result()
     assert code == 0 and log.read_text().splitlines()[1] == "1 1", log.read_text()
-    code, output, _ = run.execute(["show.py"], repo=str(tmp_path), threads=1)  # the Ray backend's way
-    assert code == 0 and output.splitlines()[0] == "1 1", output
+    assert ray_code == 0 and output.splitlines()[0] == "1 1", output
 
 
 @pytest.mark.smoke
@@ -487,9 +491,11 @@ def test_popgym_preset_on_one_task(tmp_path):
     (with and without --memory-gate), its ablation, and the LSTM at the FSMN's default and tuned settings on the same
     flattened observation, those three tuned ones again at gamma 0.97, and a report with POPGym's MMER. 1,024 steps
     hold a whole rollout of each (8 envs x 64 or 128 steps), which holds an episode of every env: the task's episodes
-    are 51 steps long."""
+    are 51 steps long. One epoch an update (the last --update-epochs wins over a config's): the runs are what is
+    tested here, not their learning."""
     flags = ["--preset", "popgym", "--env-ids", "popgym-RepeatFirstEasy-v0", "--seeds", "1", "--out", str(tmp_path)]
-    result = run_script("benchmarks/run.py", *flags, "--extra=--total-timesteps 1024", "--workers", "2", cwd=str(tmp_path))
+    tiny = "--extra=--total-timesteps 1024 --update-epochs 1"
+    result = run_script("benchmarks/run.py", *flags, tiny, "--workers", "2", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in (tmp_path / "popgym.md").read_text().splitlines() if line.startswith("| popgym-")]
     names = [row.split("|")[1].strip() for row in rows]
@@ -523,10 +529,11 @@ def test_sps_pair_against_an_earlier_commit_on_a_busy_machine(tmp_path):
     import sps
 
     flags = ["--pair", "fsmn-cartpole", "--repeats", "1", "--total-timesteps", "1024", "--variants", "eager"]
+    flags += ["--load-seconds", "0.2"]  # the spinner shows within a fifth of a second
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         load = sps.OtherLoad()
-        time.sleep(1.0)
+        time.sleep(0.5)
         assert load.cores() >= 0.5  # the spinner, not this process's sleep
         with repository_unchanged():
             result = run_script("benchmarks/sps.py", *flags, "--against", "HEAD", cwd=str(tmp_path))
@@ -537,7 +544,7 @@ def test_sps_pair_against_an_earlier_commit_on_a_busy_machine(tmp_path):
     text = (tmp_path / "benchmark_runs" / "sps" / "sps_fsmn_cartpole_against_HEAD.md").read_text()
     assert "| repeat | eager steps/s | HEAD eager steps/s | peer steps/s |" in text
     assert "Median ratio eager/HEAD eager: **" in text and "Median ratio eager/peer: **" in text
-    assert "--variants eager --against HEAD`." in text
+    assert "--variants eager --against HEAD --load-seconds 0.2`." in text
     assert "Other processes kept up to" in text
     assert "(the machine was busy)" in result.stdout and "**Warning: the machine was busy" in result.stdout
     assert "**Warning: the machine was busy" in text
@@ -551,7 +558,7 @@ def test_sps_writes_its_table_under_out_dir(tmp_path, monkeypatch):
     """--out-dir: the table goes there (the runs themselves are smoke-run above; here each is a made-up figure)."""
     import sps
 
-    monkeypatch.setattr(sps, "run", lambda command, total_timesteps, burn_in: (1000.0, 100.0, 0.0, 0.0))
+    monkeypatch.setattr(sps, "run", lambda command, *settings: (1000.0, 100.0, 0.0, 0.0))
     sps.main(sps.Args(repeats=1, variants=["eager"], out_dir=str(tmp_path / "elsewhere")))
     assert "| 1 | 1000 | 1000 |" in (tmp_path / "elsewhere" / "sps_fsmn_cartpole.md").read_text()
 
@@ -562,9 +569,7 @@ def test_sps_reverses_the_order_every_second_repeat(tmp_path, monkeypatch):
 
     started = []
     monkeypatch.setattr(sps, "extract_commit", lambda ref: "/old")
-    monkeypatch.setattr(
-        sps, "run", lambda command, total_timesteps, burn_in: started.append(command[0]) or (1000.0, 1.0, 0.0, 0.0)
-    )
+    monkeypatch.setattr(sps, "run", lambda command, *settings: started.append(command[0]) or (1000.0, 1.0, 0.0, 0.0))
     sps.main(sps.Args(repeats=3, variants=["eager"], against="REF", out_dir=str(tmp_path)))
     peer, new, old = "benchmarks/peers.py", "ppo_fsmn_cartpole.py", "/old/ppo_fsmn_cartpole.py"
     assert started == [peer, new, old, old, new, peer, peer, new, old]
@@ -592,13 +597,14 @@ def test_side_by_side_table(tmp_path):
     the working folder (its --against shares sps.py's commit extraction, tested there); an unknown script is one
     line."""
     flags = ["--scripts", "fsmn", "--second", "continuous", "--repeats", "1", "--total-timesteps", "4096", "--burn-in", "0"]
+    flags += ["--load-seconds", "0.2"]
     with repository_unchanged():
         result = run_script("benchmarks/side_by_side.py", *flags, cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     text = (tmp_path / "benchmark_runs" / "side_by_side" / "side_by_side.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| this | fsmn |")).split("|")[1:-1]
     assert len(row) == 8 and all(cell.strip().rstrip("%").isdigit() for cell in row[2:]), row
-    assert "--scripts fsmn --total-timesteps 4096 --burn-in 0.0 --second continuous`." in text
+    assert "--scripts fsmn --total-timesteps 4096 --burn-in 0.0 --second continuous --load-seconds 0.2`." in text
     assert "Other processes kept up to" in text
     bad = run_script("benchmarks/side_by_side.py", "--scripts", "nope", cwd=str(tmp_path))
     assert bad.returncode != 0 and "error: --scripts/--second=nope: each must be one of fsmn, continuous" in bad.stderr
