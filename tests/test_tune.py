@@ -24,17 +24,17 @@ import tune  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
-# four envs of 64 steps an iteration, eight iterations: a trial's run takes seconds
+# four envs of 64 steps an iteration, eight iterations, one thread (a tiny net): a trial's run takes seconds
 TINY = {
     "script": "ppo_fsmn_cartpole.py",
     "params": {"learning-rate": {"type": "categorical", "choices": [0.01, 0.0]}},
-    "fixed": {"num-envs": 4, "num-steps": 64, "num-minibatches": 2, "update-epochs": 4},
+    "fixed": {"num-envs": 4, "num-steps": 64, "num-minibatches": 2, "update-epochs": 4, "threads": 1},
     "seeds": [1],
     "total_timesteps": 2048,
     "envs": {"CartPole-v1": {"scores": [0, 500]}},
 }
-FAST = ["--startup-trials", "1", "--warmup", "0", "--poll", "0.5"]
-COMMAND = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4"
+FAST = ["--startup-trials", "1", "--warmup", "0", "--poll", "0.2"]
+COMMAND = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4 --threads 1"
 
 
 def made_up_run(returns: list[float], every: int = 100) -> report.Run:
