@@ -241,20 +241,13 @@ def test_summary_plain_lines_progress_label_and_the_rounding_warning(in_tmp, mon
 
 
 @pytest.mark.smoke
-def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path):
-    env = {**NO_DISPLAY, "MUJOCO_GL": ""}
+def test_mujoco_video_without_a_display_and_no_deprecation_warning(tmp_path, monkeypatch):
+    """No display and no MUJOCO_GL in the run's environment: the video renders off-screen, nothing is deprecated."""
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
     flags = ["--env-id", "HalfCheetah-v5", "--num-envs", "1", "--num-steps", "16", "--num-minibatches", "2"]
     flags += ["--update-epochs", "1", "--total-timesteps", "16", "--threads", "1", "--capture-video"]
     flags += ["--no-progress"]
-    run_env = {k: v for k, v in {**os.environ, **env}.items() if k != "MUJOCO_GL"}
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags],
-        cwd=tmp_path,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    result = run_script("ppo_continuous.py", *flags, cwd=str(tmp_path), env=NO_DISPLAY)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "deprecated" not in result.stderr, result.stderr
     assert glob.glob(str(tmp_path / "videos" / "*" / "*.mp4"))

@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 
@@ -23,17 +24,17 @@ import tune  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
-# four envs of 64 steps an iteration, eight iterations: a trial's run takes seconds
+# four envs of 64 steps an iteration, eight iterations, one thread (a tiny net): a trial's run takes seconds
 TINY = {
     "script": "ppo_fsmn_cartpole.py",
     "params": {"learning-rate": {"type": "categorical", "choices": [0.01, 0.0]}},
-    "fixed": {"num-envs": 4, "num-steps": 64, "num-minibatches": 2, "update-epochs": 4},
+    "fixed": {"num-envs": 4, "num-steps": 64, "num-minibatches": 2, "update-epochs": 4, "threads": 1},
     "seeds": [1],
     "total_timesteps": 2048,
     "envs": {"CartPole-v1": {"scores": [0, 500]}},
 }
-FAST = ["--startup-trials", "1", "--warmup", "0", "--poll", "0.5"]
-COMMAND = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4"
+FAST = ["--startup-trials", "1", "--warmup", "0", "--poll", "0.2"]
+COMMAND = "python ppo_fsmn_cartpole.py --num-envs 4 --num-steps 64 --num-minibatches 2 --update-epochs 4 --threads 1"
 
 
 def made_up_run(returns: list[float], every: int = 100) -> report.Run:
@@ -81,19 +82,22 @@ def test_worst_env_aggregate_against_its_definition():
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
-def test_storages_and_a_stale_trial(tmp_path, monkeypatch):
+def test_storages_and_a_stale_trial(tmp_path):
     """The default SQLite storage has a heartbeat: a trial left running by a killed tuner is failed once it
-    misses it, and its flags are queued again; a path ending in .log is a journal file; anything else is one
-    line. A study of that name made with another search space is refused."""
-    monkeypatch.setattr(tune, "HEARTBEAT", 1)
-    monkeypatch.setattr(tune, "STALE", 1)
+    misses it (its last heartbeat older than STALE seconds), and its flags are queued again; a path ending in
+    .log is a journal file; anything else is one line. A study of that name made with another search space is
+    refused."""
     args = tune.Args(space="tiny.json")
     space = tune.check_space(TINY, "tiny.json")
     study = tune.open_study(args, "tiny", space, tune.open_storage(args, str(tmp_path)))
     trial = study.ask()
     trial.suggest_categorical("learning-rate", [0.01, 0.0])
     study._storage.record_heartbeat(trial._trial_id)
-    time.sleep(2.1)  # SQLite's clock counts whole seconds
+    optuna.storages.fail_stale_trials(study)  # a fresh heartbeat: still running
+    assert [t.state.name for t in study.trials] == ["RUNNING"]
+    # the tuner killed STALE seconds ago: its last heartbeat as old as that (SQLite's clock counts whole seconds)
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, ?)", (f"-{tune.STALE + 2} seconds",))
     optuna.storages.fail_stale_trials(study)
     assert [(t.state.name, t.params) for t in study.trials] == [
         ("FAIL", trial.params),
