@@ -55,9 +55,9 @@ def import_script(name: str):
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """Every test runs torch in this process at one thread, as in-process runs do with threads=1 (tests of the free
-    cores set their own): the networks here are tiny, and a second thread costs more than it gives, far more on a
-    busy machine. Restored after the test."""
+    """Every test starts torch in this process at one thread, restored after it (a run's threads=0 takes the free
+    cores instead): most networks here are tiny, and a second thread costs more than it gives, far more on a busy
+    machine. The Pong transformer's runs, large enough to gain from two threads on an idle machine, keep --threads 0."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

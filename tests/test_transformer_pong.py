@@ -24,7 +24,6 @@ from conftest import (
 SCRIPT = "ppo_transformer_pong.py"
 p = import_script("ppo_transformer_pong")
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
-TINY += ["--threads", "1"]
 
 
 def random_agent(lookback: int, n_layers: int, n_heads: int, seed: int = 0) -> "p.Agent":
@@ -283,9 +282,7 @@ def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_t
     monkeypatch.setattr(p.RecordGameStatistics, "reset", reset)
     monkeypatch.setattr(p.RecordGameStatistics, "step", step)
     monkeypatch.setattr(p, "compute_gae", spy)
-    args = p.Args(
-        num_envs=2, num_steps=64, total_timesteps=2 * 64 * 2, num_minibatches=2, learning_rate=0.0, progress=False, threads=1
-    )
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 2, num_minibatches=2, learning_rate=0.0, progress=False)
     args.save_model = True
     p.main(args)
     agent, _ = p.build_agent_from_checkpoint(torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True), "cpu")
@@ -318,9 +315,7 @@ def test_the_seeds_nan_cause_cannot_occur():
 def test_a_run_stays_finite(in_tmp):
     """Advantage normalisation on, smallest minibatches allowed (one env sequence of 2 steps), short episodes of
     lives lost in Breakout: every loss of every iteration is finite."""
-    args = p.Args(
-        env_id="BreakoutNoFrameskip-v4", num_envs=2, num_steps=2, num_minibatches=2, total_timesteps=2 * 2 * 60, threads=1
-    )
+    args = p.Args(env_id="BreakoutNoFrameskip-v4", num_envs=2, num_steps=2, num_minibatches=2, total_timesteps=2 * 2 * 60)
     args.progress, args.exp_name = False, "finite"
     p.main(args)
     (run_dir,) = glob.glob("runs/*__finite__*")
@@ -360,9 +355,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     assert run_dirs(cwd) == [run_dir]
     assert [s for s, _ in read_scalars(run_dir)["charts/SPS"]][-2:] == [128, 160]
 
-    result = run_script(
-        script, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", "--threads", "1", cwd=cwd
-    )
+    result = run_script(script, "--eval-checkpoint", path, "--eval-episodes", "1", "--no-eval-deterministic", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
 
@@ -371,7 +364,6 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
 def test_games_are_logged_and_videos_written(tmp_path):
     cwd = str(tmp_path)
     flags = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
-    flags += ["--threads", "1"]
     result = run_script(SCRIPT, *flags, "--total-timesteps", "2304", "--capture-video", cwd=cwd)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(cwd)
