@@ -36,9 +36,32 @@ ITERATION_TAGS = {
 EPISODE_TAGS = {"charts/episodic_return", "charts/episodic_length"}
 
 
+# torch's default thread count, one per core: what a script reads on import as TORCH_THREADS, the most that its
+# `--threads 0` takes
+CORE_THREADS = torch.get_num_threads()
+
+
 def import_script(name: str):
-    """Scripts start nothing on import: tests use their pure functions and classes directly."""
-    return importlib.import_module(name)
+    """Scripts start nothing on import: tests use their pure functions and classes directly. Imported at torch's
+    default thread count, whatever the test runs at (`one_torch_thread`), so that their TORCH_THREADS is a fresh
+    interpreter's."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(CORE_THREADS)
+    try:
+        return importlib.import_module(name)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test starts torch in this process at one thread, restored after it (a run's threads=0 takes the free
+    cores instead): most networks here are tiny, and a second thread costs more than it gives, far more on a busy
+    machine. The Pong transformer's runs, large enough to gain from two threads on an idle machine, keep --threads 0."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # Starting Python and importing torch takes seconds, and the suite runs scripts hundreds of times: `run_script`
@@ -354,7 +377,7 @@ def assert_training_replays_the_rollout(script, monkeypatch, **args) -> None:
     unit_scale = lambda layer, std=1.0, bias_const=0.0: original(layer, max(std, 1.0), bias_const)  # noqa: E731
     monkeypatch.setattr(script, "layer_init", unit_scale)
     total_timesteps = 3 * args["num_envs"] * args["num_steps"]  # 3 iterations
-    run_args = script.Args(**args, total_timesteps=total_timesteps, learning_rate=0.0, progress=False)
+    run_args = script.Args(**args, total_timesteps=total_timesteps, learning_rate=0.0, progress=False, threads=1)
     run_args.exp_name = "replay"
     script.main(run_args)
     (run_dir,) = glob.glob("runs/*__replay__*")
@@ -377,7 +400,7 @@ def assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(script, monkeypa
 
     monkeypatch.setattr(script, "compute_gae", poisoned)
     total_timesteps = 6 * args["num_envs"] * args["num_steps"]
-    run_args = script.Args(**args, total_timesteps=total_timesteps, progress=False)
+    run_args = script.Args(**args, total_timesteps=total_timesteps, progress=False, threads=1)
     run_args.save_model, run_args.save_interval = True, 1
     with pytest.raises(SystemExit, match="the loss diverged at iteration 3: lower --learning-rate .*checkpoint is kept"):
         script.main(run_args)
@@ -424,7 +447,7 @@ def assert_ctrl_c_keeps_logs_and_a_checkpoint(script: str, flags: list[str], cwd
         events = glob.glob(os.path.join(cwd, "runs", "*", "events.*"))
         if events and "charts/SPS" in read_scalars(os.path.dirname(events[0])):
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     os.killpg(process.pid, signal.SIGINT)
     try:
         stdout, stderr = process.communicate(timeout=60)

@@ -32,7 +32,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 
 SCRIPT = "ppo_continuous.py"
 p = import_script("ppo_continuous")
-TINY = ["--num-envs", "2", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress"]
+TINY = ["--num-envs", "2", "--num-minibatches", "2", "--update-epochs", "2", "--no-progress", "--threads", "1"]
 
 
 def random_params(seed: int, batch: int = 64, act_dim: int = 3, dtype=torch.float64):
@@ -273,7 +273,7 @@ def stats_of(state: dict) -> dict:
 
 
 def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp, monkeypatch):
-    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False, threads=1)
     args.save_model = True
     p.main(args)
     (path,) = glob.glob("runs/*/checkpoint.pt")
@@ -303,7 +303,7 @@ def test_normalisation_statistics_round_trip_and_are_frozen_in_evaluation(in_tmp
     assert p.evaluate(loaded, episodes=2, deterministic=True, device=torch.device("cpu"), seed=0) == returns
 
     # --resume starts from the saved statistics: after 2 more iterations the count is the saved one plus the new samples
-    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 5, num_minibatches=2, progress=False)
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 5, num_minibatches=2, progress=False, threads=1)
     args.save_model, args.resume = True, path
     p.main(args)
     resumed = stats_of(torch.load(path, weights_only=True)["model"])
@@ -367,7 +367,7 @@ def test_the_env_gets_the_squash_of_the_stored_sample(in_tmp, monkeypatch):
     monkeypatch.setattr(p.Agent, "get_action_and_value", spy_gav)
     monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", spy_step)
     monkeypatch.setattr(p, "minibatch_loss", spy_loss)
-    p.main(p.Args(num_envs=2, num_steps=32, total_timesteps=64, num_minibatches=2, update_epochs=1, progress=False))
+    p.main(p.Args(num_envs=2, num_steps=32, total_timesteps=64, num_minibatches=2, update_epochs=1, progress=False, threads=1))
     u = torch.stack(drawn)  # (T, B, A)
     assert u.shape == (32, 2, 1) and len(stepped) == 32
     low, high = torch.tensor([-2.0]), torch.tensor([2.0])
@@ -405,7 +405,9 @@ def test_truncations_bootstrap_from_the_normalised_final_observation(in_tmp, mon
     monkeypatch.setattr(p, "compute_gae", spy_gae)
     monkeypatch.setattr(p.RunningNorm, "forward", spy_norm)
     monkeypatch.setattr(p.Agent, "get_value", spy_value)
-    args = p.Args(env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=180, num_minibatches=2, progress=False)
+    args = p.Args(
+        env_id="PendulumShort-v1", num_envs=3, num_steps=20, total_timesteps=180, num_minibatches=2, progress=False, threads=1
+    )
     p.main(args)
     terminations, truncations, final_values = (torch.cat(x) for x in zip(*seen))
     assert truncations.sum() == 3 * (60 // 12) and not terminations.any()
@@ -480,7 +482,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, env_id, steps, ext
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]] == [batch, 2 * batch, 3 * batch]
     assert torch.load(checkpoint_path, weights_only=True)["global_step"] == 3 * batch
 
-    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "1", "--threads", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "eval: 1 episodes, mean return" in result.stdout
 
@@ -529,7 +531,9 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
 
 def test_a_checkpoint_with_flags_of_an_earlier_version_still_evaluates(in_tmp):
     """Checkpoints hold their run's args: flags this script no longer has (--rollout-threads, --async-envs) are dropped."""
-    p.main(p.Args(num_envs=2, num_steps=64, total_timesteps=128, num_minibatches=2, progress=False, save_model=True))
+    p.main(
+        p.Args(num_envs=2, num_steps=64, total_timesteps=128, num_minibatches=2, progress=False, save_model=True, threads=1)
+    )
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = torch.load(path, weights_only=True)
     torch.save({**checkpoint, "args": {**checkpoint["args"], "rollout_threads": 1, "async_envs": False}}, path)
@@ -569,7 +573,7 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
-    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False)
+    args = p.Args(num_envs=2, num_steps=64, total_timesteps=2 * 64 * 3, num_minibatches=2, progress=False, threads=1)
     args.save_model = True
     p.main(args)
     (path,) = glob.glob("runs/*/checkpoint.pt")
@@ -588,8 +592,9 @@ def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
 
 @pytest.mark.learning
 def test_default_settings_learn_pendulum_within_150k_steps(tmp_path):
-    """Default flags, seed 1: the mean return of the last 20 episodes reaches -250 within 150k steps."""
-    flags = ["--seed", "1", "--total-timesteps", "150000", "--no-progress"]
+    """Default flags, seed 3, one thread (the free cores would make the run depend on the machine's load): the mean
+    return of the last 20 episodes reaches -250 within 150k steps (at 19k; seeds 1 and 2 at 38k and 24k)."""
+    flags = ["--seed", "3", "--total-timesteps", "150000", "--no-progress", "--threads", "1"]
     returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=-250.0)
     reached = first_step_reaching(returns, -250.0)
     assert reached is not None and reached <= 150_000, (

@@ -272,8 +272,7 @@ def test_recall_loss_trains_the_memory_to_keep_past_inputs():
     """Trained on --recall-lags 3's loss alone over random inputs for 60 steps, taps 4 steps back predict the last
     three inputs far better than their mean does (the best prediction without memory: an error of about 1 per
     dimension); the memoryless network stays at that error."""
-    losses, threads = {}, torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: one thread is faster, and does not spin against a busy machine
+    losses = {}
     for memory_order in (4, 0):
         torch.manual_seed(0)
         args = p.Args(memory_order=memory_order, num_blocks=1, hidden_dim=32, prev_action=False, norm_obs=False)
@@ -289,7 +288,6 @@ def test_recall_loss_trains_the_memory_to_keep_past_inputs():
             loss.backward()
             optimizer.step()
         losses[memory_order] = loss.item()
-    torch.set_num_threads(threads)
     assert losses[4] < 0.4 and losses[0] > 0.8, losses
 
 
@@ -822,8 +820,9 @@ def test_a_checkpoint_with_the_older_memory_flags_resumes_and_evaluates(tmp_path
 
 @pytest.mark.learning
 def test_default_settings_solve_cartpole_within_150k_steps(tmp_path):
-    """Default flags, seed 1: the mean return of the last 20 episodes reaches 475 within 150k steps."""
-    flags = ["--seed", "1", "--total-timesteps", "150000", "--no-progress"]
+    """Default flags, seed 2: the mean return of the last 20 episodes reaches 475 within 150k steps (at 16k; seeds 1
+    and 3 at 71k and 50k)."""
+    flags = ["--seed", "2", "--total-timesteps", "150000", "--no-progress"]
     returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=475.0)
     reached = first_step_reaching(returns, 475.0)
     assert reached is not None and reached <= 150_000, (

@@ -27,7 +27,7 @@ SCRIPT = "ppg_lunarlander.py"
 p = import_script("ppg_lunarlander")
 CARTPOLE = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2, n_iteration=2, num_aux_rollouts=2)
 TINY = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-iteration", "2"]
-TINY += ["--num-aux-rollouts", "2", "--no-progress"]
+TINY += ["--num-aux-rollouts", "2", "--no-progress", "--threads", "1"]
 
 
 def agent_with_a_phase(seed: int = 0, **overrides) -> tuple["p.Agent", "p.Args"]:
@@ -114,7 +114,7 @@ def test_the_auxiliary_phase_runs_at_the_learning_rate_of_its_iteration(in_tmp, 
         return original(agent, optimizer, args)
 
     monkeypatch.setattr(p, "auxiliary_phase", spy)
-    p.main(p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, learning_rate=1e-3, progress=False))
+    p.main(p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, learning_rate=1e-3, progress=False, threads=1))
     assert rates == pytest.approx([0.75e-3, 0.25e-3])
 
 
@@ -124,7 +124,7 @@ def test_e_auxiliary_counts_the_auxiliary_steps(in_tmp, monkeypatch, e_auxiliary
     of the 2 phases of 4 iterations; the aux metrics are logged once per phase."""
     calls, original = [], p.auxiliary_loss
     monkeypatch.setattr(p, "auxiliary_loss", lambda *a: calls.append(1) or original(*a))
-    p.main(p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, e_auxiliary=e_auxiliary, progress=False))
+    p.main(p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, e_auxiliary=e_auxiliary, progress=False, threads=1))
     assert len(calls) == 2 * e_auxiliary * (2 * 4 // 2)
     scalars = read_scalars(run_dirs(".")[0])
     assert len(scalars.get("losses/aux/kl_loss", [])) == (2 if e_auxiliary else 0)
@@ -133,14 +133,14 @@ def test_e_auxiliary_counts_the_auxiliary_steps(in_tmp, monkeypatch, e_auxiliary
 def test_resume_restores_the_stored_phase(in_tmp, monkeypatch):
     """A run stopped mid-phase (N_pi = 2, stopped after iteration 3) resumes with that phase's stored rollouts: the
     auxiliary phase after iteration 4 sees iteration 3's observations from the checkpoint."""
-    args = p.Args(**CARTPOLE, total_timesteps=3 * 4 * 16, progress=False)
+    args = p.Args(**CARTPOLE, total_timesteps=3 * 4 * 16, progress=False, threads=1)
     args.save_model, args.save_interval = True, 1
     p.main(args)
     (path,) = glob.glob("runs/*/checkpoint.pt")
     saved = torch.load(path, weights_only=True)["model"]["phase_obs"]
     seen, original = [], p.auxiliary_phase
     monkeypatch.setattr(p, "auxiliary_phase", lambda agent, *a: seen.append(agent.phase_obs.clone()) or original(agent, *a))
-    resumed = p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, progress=False)
+    resumed = p.Args(**CARTPOLE, total_timesteps=4 * 4 * 16, progress=False, threads=1)
     resumed.resume = path
     p.main(resumed)
     (phase_obs,) = seen
@@ -183,7 +183,7 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
     result = run_script(script, *TINY, "--total-timesteps", "1024", "--resume", checkpoint_path, "--save-model", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert [step for step, _ in read_scalars(run_dir)["charts/SPS"]][-1] == 1024
-    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", cwd=cwd)
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "3", "--threads", "1", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("episode 1: return ")
     assert "\neval: 3 episodes, mean return" in result.stdout
@@ -191,7 +191,19 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
 
 @pytest.mark.smoke
 def test_lunarlander_smoke_with_video(tmp_path):
-    flags = ["--num-envs", "4", "--num-steps", "64", "--n-iteration", "2", "--num-aux-rollouts", "4", "--no-progress"]
+    flags = [
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "64",
+        "--n-iteration",
+        "2",
+        "--num-aux-rollouts",
+        "4",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
     result = run_script(SCRIPT, *flags, "--total-timesteps", "1024", "--capture-video", cwd=str(tmp_path), env=NO_DISPLAY)
     assert result.returncode == 0, result.stderr
     assert glob.glob(str(tmp_path / "videos" / "*" / "*.mp4")) and "XDG_RUNTIME_DIR" not in result.stderr
@@ -232,7 +244,7 @@ def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
 def test_solves_cartpole_within_150k_steps(tmp_path):
     flags = ["--env-id", "CartPole-v1", "--gamma", "0.99", "--num-envs", "8", "--num-steps", "128", "--n-iteration", "4"]
     flags += ["--num-minibatches", "16"]
-    flags += ["--total-timesteps", "150000", "--seed", "1", "--no-progress"]
+    flags += ["--total-timesteps", "150000", "--seed", "1", "--no-progress", "--threads", "1"]
     returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=475.0)
     step = first_step_reaching(returns, 475.0)
     assert step is not None and step <= 150_000, returns[-20:]
