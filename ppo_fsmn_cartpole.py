@@ -842,7 +842,7 @@ class Run:
         if args.total_timesteps % args.batch_size and args.total_timesteps != Args.total_timesteps:
             trained, batches = args.num_iterations * args.batch_size, f"whole batches of {args.batch_size}"
             warn(f"--total-timesteps={args.total_timesteps} trains {trained}, {batches}")
-        self.wandb_run = start_wandb(args, self.name, self.root, "train") if args.track else None
+        self.wandb_run = start_wandb(args, self.name, self.root, "train", self.dir) if args.track else None
         # an earlier part's videos, logged then
         self.logged_videos = set(glob.glob(os.path.join(glob.escape(self.video_dir), "*.mp4")))
         self.writer = SummaryWriter(self.dir)
@@ -1241,18 +1241,22 @@ def claim_run_name(name: str):
     return claimed, unclaim
 
 
-def start_wandb(args: Args, name: str, root: str, job_type: str):
-    """A W&B run with the config and the code (wherever the script runs from); training's syncs TensorBoard's
-    events, and a resumed run goes on in its first part's W&B run, whose id comes from the run name."""
+def start_wandb(args: Args, name: str, root: str, job_type: str, events: str | None = None):
+    """A W&B run with the config and the code (wherever the script runs from), syncing the TensorBoard events
+    written in the folder `events` where one is given (training's); a resumed run goes on in its first part's
+    W&B run, whose id comes from the run name."""
     import wandb
 
+    wandb.tensorboard.unpatch()  # a run earlier in this process may have patched it for its own folder
+    if events is not None:  # told the folder, W&B does not wait 10 s at the run's end to guess it
+        wandb.tensorboard.patch(root_logdir=os.path.abspath(events))
     run = wandb.init(
         project=args.wandb_project_name,
         entity=args.wandb_entity,
         group=args.wandb_group,
         tags=list(args.wandb_tags) or None,
         job_type=job_type,
-        sync_tensorboard=job_type == "train",
+        sync_tensorboard=events is not None,
         config=vars(args),
         name=name,
         id=hashlib.sha256(name.encode()).hexdigest()[:16],

@@ -592,9 +592,9 @@ def test_trains_on_cuda_and_the_checkpoint_evaluates_on_cpu(in_tmp):
 
 @pytest.mark.learning
 def test_default_settings_learn_pendulum_within_150k_steps(tmp_path):
-    """Default flags, seed 3, one thread (the free cores would make the run depend on the machine's load): the mean
-    return of the last 20 episodes reaches -250 within 150k steps (at 19k; seeds 1 and 2 at 38k and 24k)."""
-    flags = ["--seed", "3", "--total-timesteps", "150000", "--no-progress", "--threads", "1"]
+    """Default flags, seed 1, one thread (the free cores would make the run depend on the machine's load): the mean
+    return of the last 20 episodes reaches -250 within 150k steps."""
+    flags = ["--seed", "1", "--total-timesteps", "150000", "--no-progress", "--threads", "1"]
     returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=-250.0)
     reached = first_step_reaching(returns, -250.0)
     assert reached is not None and reached <= 150_000, (

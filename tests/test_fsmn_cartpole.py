@@ -820,9 +820,9 @@ def test_a_checkpoint_with_the_older_memory_flags_resumes_and_evaluates(tmp_path
 
 @pytest.mark.learning
 def test_default_settings_solve_cartpole_within_150k_steps(tmp_path):
-    """Default flags, seed 2: the mean return of the last 20 episodes reaches 475 within 150k steps (at 16k; seeds 1
-    and 3 at 71k and 50k)."""
-    flags = ["--seed", "2", "--total-timesteps", "150000", "--no-progress"]
+    """Default flags, seed 1, one thread (the free cores would make the run depend on the machine's load): the mean
+    return of the last 20 episodes reaches 475 within 150k steps."""
+    flags = ["--seed", "1", "--total-timesteps", "150000", "--no-progress", "--threads", "1"]
     returns = run_until_reached(SCRIPT, *flags, cwd=str(tmp_path), threshold=475.0)
     reached = first_step_reaching(returns, 475.0)
     assert reached is not None and reached <= 150_000, (

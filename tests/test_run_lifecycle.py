@@ -133,6 +133,9 @@ def test_interrupted_tracked_run_resumed_from_another_folder_then_evaluated_with
     resumed_run = next(run for run in runs if run != first_run)
     assert len(media_videos(first_run)) == len(first_videos)
     assert len(media_videos(resumed_run)) == len(new_videos)
+    for part in runs:  # TensorBoard's scalars synced in each part, under their own names
+        history = [r.history for r in wandb_records(part) if r.WhichOneof("record_type") == "history"]
+        assert {"charts/SPS", "losses/loss"} <= {item.key or "/".join(item.nested_key) for h in history for item in h.item}
     code = [r.artifact for r in wandb_records(first_run) if r.WhichOneof("record_type") == "artifact"]
     assert [entry.path for artifact in code for entry in artifact.manifest.contents] == [SCRIPT]
 
