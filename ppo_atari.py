@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 
 # Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
 # SIGUSR1, what SLURM's --signal sends ahead of a time limit (Windows has none): each stops a run as Ctrl-C
@@ -360,21 +361,18 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
     return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
 
 
-LOSS_NAMES = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
-
-
-def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO loss of a minibatch of samples.
-    Returns the loss and its stats, named in LOSS_NAMES, without a host sync."""
-    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
-    logratio = newlogprob - mb_logprobs
+def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of a minibatch of samples (frames as uint8), its fields by name. Returns the loss and its
+    stats by name, without a host sync."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    mb_advantages, mb_returns, mb_values = mb["advantages"], mb["returns"], mb["values"]
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     # Policy loss
@@ -391,66 +389,73 @@ def minibatch_loss(agent: Agent, args: Args, *minibatch: torch.Tensor) -> tuple[
         v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, loss, clipfrac])
-    return loss, stats.detach()
+    stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
+    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
+    return loss, {name: x.detach() for name, x in stats.items()}
 
 
-def cuda_graph(fn, *example_inputs: torch.Tensor, agent: nn.Module | None = None, optimizer=None):
-    """Capture `fn(*inputs)` as a CUDA graph (one launch); return a function with fn's signature that copies
-    its arguments into the captured inputs, replays the graph and returns the captured outputs (overwritten by
-    the next call). For an update, pass its agent and optimizer: warm-up steps are undone."""
-    inputs = [x.clone() for x in example_inputs]
-    weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
-    state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = fn(*inputs)
-    with torch.no_grad():
-        for p, w in zip(agent.parameters() if agent is not None else [], weights):
-            p.copy_(w)
-        for p, s in optimizer.state.items() if optimizer else []:
-            for k, v in s.items():
-                v.copy_(state[p][k]) if p in state else v.zero_()
+def minibatch_update(agent: Agent, optimizer, loss_fn, args: Args, mb: dict[str, torch.Tensor]) -> dict:
+    """One optimizer step on a minibatch (what --cudagraphs captures whole); the loss's stats by name."""
+    loss, stats = loss_fn(agent, args, mb)
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return stats
 
-    def replay(*args: torch.Tensor):
-        for buffer, x in zip(inputs, args):
-            buffer.copy_(x)
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The optimizer's rate; a captured step's (a tensor, read at its address by the graph) is set in place."""
+    group = optimizer.param_groups[0]
+    group["lr"].fill_(lr) if torch.is_tensor(group["lr"]) else group.update(lr=lr)
+
+
+def cuda_graph(fn, agent: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None):
+    """`fn(inputs)`, inputs a tensor or a dict of them, replayed as a CUDA graph (one launch): captured at the first
+    call, in that call's shapes. Each call copies its inputs into the graph's and returns copies of its outputs (a
+    tuple or a dict of tensors). For an update, pass its agent and optimizer: the optimizer's step becomes
+    capturable, its rate a tensor on the device (set_learning_rate sets it), and the capture's warm-up steps are
+    undone."""
+    if optimizer is not None:
+        lr = torch.tensor(float(optimizer.param_groups[0]["lr"]), device=next(agent.parameters()).device)
+        optimizer.param_groups[0].update(lr=lr, capturable=True)
+    graph, buffers, outputs = None, None, None
+
+    def capture(inputs):
+        nonlocal graph, buffers, outputs
+        buffers = {name: x.clone() for name, x in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
+        weights = [p.detach().clone() for p in agent.parameters()] if agent is not None else []
+        state = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()} if optimizer else {}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn(buffers)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(buffers)
+        with torch.no_grad():
+            for p, w in zip(agent.parameters() if agent is not None else [], weights):
+                p.copy_(w)
+            for p, s in optimizer.state.items() if optimizer else []:
+                for k, v in s.items():
+                    v.copy_(state[p][k]) if p in state else v.zero_()
+
+    def replay(inputs):
+        if graph is None:
+            capture(inputs)
+        if isinstance(inputs, dict):
+            for name, x in inputs.items():
+                buffers[name].copy_(x)
+        else:
+            buffers.copy_(inputs)
         graph.replay()
-        return outputs
+        if isinstance(outputs, dict):
+            return {name: x.clone() for name, x in outputs.items()}
+        return tuple(x.clone() for x in outputs)
 
     return replay
-
-
-def capture_cuda_graphs(args: Args, agent: Agent, optimizer, get_action_and_value, loss_fn, storage: tuple) -> tuple:
-    """get_action_and_value, the minibatch update and lr: with --cudagraphs captured (lr a tensor), else as given."""
-    obs, actions, logprobs, values = storage  # (num_steps, num_envs, ...): the rollout's storage
-    device, update = obs.device, None
-    # A resumed run's optimizer takes the form that its own flags ask for, whatever the checkpoint's run used.
-    lr = float(optimizer.param_groups[0]["lr"])
-    optimizer.param_groups[0].update(lr=lr, capturable=args.cudagraphs)
-    if args.cudagraphs:
-        # a captured optimizer step reads its learning rate from this tensor, which the minibatch loop sets in place to
-        # the annealed rate (`lr` keeps it alive: the graph holds only its address)
-        lr = optimizer.param_groups[0]["lr"] = torch.tensor(lr, device=device)
-
-        def update(*minibatch: torch.Tensor) -> torch.Tensor:  # the minibatch loop's update, to capture
-            loss, mb_stats = loss_fn(agent, args, *minibatch)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            return mb_stats
-
-        get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value), obs[0])
-        example = [x.flatten(0, 1)[: args.minibatch_size] for x in (obs, actions, logprobs, values, values, values)]
-        update = cuda_graph(update, *example, agent=agent, optimizer=optimizer)
-    return get_action_and_value, update, lr
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
@@ -499,8 +504,10 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     next_obs = torch.as_tensor(next_obs, device=device)
 
     # ENGINEERING: --cudagraphs, the rollout's inference call and the whole minibatch update replayed as CUDA graphs
-    storage = (obs, actions, logprobs, values)
-    get_action_and_value, update, lr = capture_cuda_graphs(args, agent, optimizer, get_action_and_value, loss_fn, storage)
+    update = partial(minibatch_update, agent, optimizer, loss_fn, args)
+    if args.cudagraphs:  # each captured at its first call
+        get_action_and_value = cuda_graph(torch.no_grad()(get_action_and_value))
+        update = cuda_graph(update, agent, optimizer)
 
     # ENGINEERING: warnings, once every check has passed
     if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
@@ -509,9 +516,10 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
-            if args.anneal_lr:  # Annealing the rate if instructed to do so.
+            # ALGO LOGIC: annealing the rate if instructed to do so
+            if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                set_learning_rate(optimizer, frac * args.learning_rate)
 
             # ALGO LOGIC: rollout
             final_values.zero_()
@@ -548,25 +556,17 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
+            batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
+            batch.update(advantages=advantages, returns=returns)
+            batch = {name: x.flatten(0, 1) for name, x in batch.items()}  # (batch_size, ...)
             b_inds = np.arange(args.batch_size)
             stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(b_inds)
                 for start in range(0, args.batch_size, args.minibatch_size):
                     mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    batch = (obs, actions, logprobs, advantages, returns, values)
-                    minibatch = [x.flatten(0, 1)[mb_inds] for x in batch]  # (minibatch_size, ...)
-                    if args.cudagraphs:  # the five lines below, as one captured graph at the annealed rate
-                        lr.fill_(optimizer.param_groups[0]["lr"])
-                        mb_stats = update(*minibatch).clone()  # a replay overwrites its outputs
-                        stats.append(dict(zip(LOSS_NAMES, mb_stats)))
-                        continue
-                    loss, mb_stats = loss_fn(agent, args, *minibatch)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    stats.append(dict(zip(LOSS_NAMES, mb_stats)))
+                    minibatch = {name: x[mb_inds] for name, x in batch.items()}  # (minibatch_size, ...)
+                    stats.append(update(minibatch))  # minibatch_update, or its captured graph
 
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
@@ -643,8 +643,11 @@ class Run:
                 why = "; ".join(differing) or "no flag differs (another version?)"
                 refused = f"--resume={args.resume} holds a network of another shape"
                 raise SystemExit(f"error: {refused}; {why}") from None
-            try:
+            try:  # the checkpoint's moments and steps, in the settings (rate included) that this run's flags built
+                settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
                 optimizer.load_state_dict(checkpoint["optimizer"])
+                for group, own in zip(optimizer.param_groups, settings):
+                    group.update(own)
                 set_rng_states(checkpoint["rng_states"])
             except (KeyError, TypeError, ValueError):
                 why = "lacks an optimizer, step or RNG state"

@@ -480,7 +480,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
-            if args.anneal_lr:  # Annealing the rate if instructed to do so.
+            # ALGO LOGIC: annealing the rate if instructed to do so
+            if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
@@ -632,8 +633,11 @@ class Run:
                 why = "; ".join(differing) or "no flag differs (another version?)"
                 refused = f"--resume={args.resume} holds a network of another shape"
                 raise SystemExit(f"error: {refused}; {why}") from None
-            try:
+            try:  # the checkpoint's moments and steps, in the settings (rate included) that this run's flags built
+                settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
                 optimizer.load_state_dict(checkpoint["optimizer"])
+                for group, own in zip(optimizer.param_groups, settings):
+                    group.update(own)
                 set_rng_states(checkpoint["rng_states"])
             except (KeyError, TypeError, ValueError):
                 why = "lacks an optimizer, step or RNG state"

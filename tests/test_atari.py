@@ -220,6 +220,21 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path, extra):
     assert "eval: 1 episodes, mean return" in result.stdout
 
 
+def test_a_resumed_run_steps_in_its_own_optimizer_settings(in_tmp):
+    """A --cudagraphs run saves its optimizer in the captured form (the rate a device tensor, a capturable step); a
+    run resumed from it without --cudagraphs steps as its own flags built it, at the rate it was given."""
+    flags = [*TINY, "--env-id", "BreakoutNoFrameskip-v4", "--save-model"]
+    p.main(p.cli([*flags, "--total-timesteps", "32"])[0])
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["optimizer"]["param_groups"][0].update(lr=torch.tensor(2.5e-4), capturable=True)
+    torch.save(checkpoint, path)
+    p.main(*p.cli([*flags, "--total-timesteps", "64", "--resume", path, "--no-anneal-lr", "--learning-rate", "1e-4"]))
+    group = torch.load(path, weights_only=True)["optimizer"]["param_groups"][0]
+    assert (group["lr"], group["capturable"]) == (1e-4, False)
+    assert read_scalars(os.path.dirname(path))["charts/learning_rate"][-1] == (64, pytest.approx(1e-4))
+
+
 @pytest.mark.smoke
 def test_games_are_logged_with_raw_scores_and_videos_written(tmp_path):
     """Long enough for whole Pong games of a random policy: raw scores in [-21, 21], not clipped per step; one video

@@ -1,11 +1,12 @@
 """The CUDA path of every script: skipped on machines without a GPU (CI has none); run where one is lent."""
 
 import copy
+import dataclasses
 import glob
+from functools import partial
 
 import pytest
 import torch
-import torch.nn as nn
 from conftest import import_script, read_scalars, run_dirs, run_script
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -77,50 +78,44 @@ def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda(monkeypatch):
     torch.testing.assert_close(sequence, steps, rtol=0, atol=1e-5)  # hidden states of unit scale (a LayerNorm's)
 
 
-def atari_minibatch(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    frames = torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, device=device)
-    actions = torch.randint(0, 6, (n,), device=device)
-    return frames, actions, -2 * torch.rand(n, device=device), *torch.randn(3, n, device=device)
-
-
-def atari_update(agent, optimizer, args):
-    """The minibatch update of ppo_atari.py's loop, as its --cudagraphs block captures it."""
-
-    def update(*minibatch):
-        loss, mb_stats = atari.minibatch_loss(agent, args, *minibatch)
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return mb_stats
-
-    return update
+def atari_minibatch(n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    minibatch = dict(obs=torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, device=device))
+    minibatch.update(actions=torch.randint(0, 6, (n,), device=device), logprobs=-2 * torch.rand(n, device=device))
+    return minibatch | dict(zip(("advantages", "returns", "values"), torch.randn(3, n, device=device)))
 
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_atari_cudagraphs_replay_the_eager_update(bf16):
-    """The captured update is the eager update: same losses, weights and Adam state after several minibatches and a
-    learning-rate change; the capture's warm-up steps leave no trace."""
+    """The captured update is the eager one, the same function: same losses, weights and Adam state after several
+    minibatches and a learning-rate change; the warm-up steps of the capture (at the first call) leave no trace, and
+    each call's stats are its own."""
     torch.manual_seed(0)
     torch.backends.cudnn.deterministic = True
     device, args = torch.device("cuda"), atari.Args(bf16=bf16)
     eager_agent = atari.Agent(6, args).to(device)
     graph_agent = copy.deepcopy(eager_agent)
     eager_opt = torch.optim.Adam(eager_agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    lr = torch.tensor(args.learning_rate, device=device)
-    graph_opt = torch.optim.Adam(graph_agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=True)
-    minibatches = [atari_minibatch(64, device) for _ in range(4)]
-    eager = atari_update(eager_agent, eager_opt, args)
-    graph = atari_update(graph_agent, graph_opt, args)
-    graph = atari.cuda_graph(graph, *atari_minibatch(64, device), agent=graph_agent, optimizer=graph_opt)
-    for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
-        torch.testing.assert_close(b, a, rtol=0, atol=0)  # the warm-up steps were undone
-    assert all(float(v.abs().max()) == 0 for s in graph_opt.state.values() for v in s.values())
-    for i, minibatch in enumerate(minibatches):
+    graph_opt = torch.optim.Adam(graph_agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    eager = partial(atari.minibatch_update, eager_agent, eager_opt, atari.minibatch_loss, args)
+    graph = partial(atari.minibatch_update, graph_agent, graph_opt, atari.minibatch_loss, args)
+    graph = atari.cuda_graph(graph, graph_agent, graph_opt)
+    assert graph_opt.param_groups[0]["capturable"] and graph_opt.param_groups[0]["lr"].is_cuda
+    eager_stats, graph_stats = [], []
+    for i in range(4):
         if i == 2:  # annealing: a float for the eager optimizer, the captured tensor set in place for the graph
-            eager_opt.param_groups[0]["lr"] = args.learning_rate / 2
-            graph_opt.param_groups[0]["lr"].fill_(args.learning_rate / 2)
-        torch.testing.assert_close(graph(*minibatch).clone(), eager(*minibatch), rtol=1e-4, atol=1e-5)
+            for optimizer in (eager_opt, graph_opt):
+                atari.set_learning_rate(optimizer, args.learning_rate / 2)
+        minibatch = atari_minibatch(64, device)
+        graph_stats.append(graph(minibatch))
+        eager_stats.append(eager(minibatch))
+        if i == 0:  # captured, then replayed once: the warm-up steps were undone
+            for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    assert float(graph_opt.param_groups[0]["lr"]) == pytest.approx(eager_opt.param_groups[0]["lr"])  # a float32 tensor
+    for graph_mb, eager_mb in zip(graph_stats, eager_stats):  # each replay's stats kept, not overwritten
+        assert graph_mb.keys() == eager_mb.keys() == set(atari.minibatch_loss(eager_agent, args, minibatch)[1])
+        for name in eager_mb:
+            torch.testing.assert_close(graph_mb[name], eager_mb[name], rtol=1e-4, atol=1e-5)
     for a, b in zip(eager_agent.parameters(), graph_agent.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(graph_opt.state[b]["exp_avg_sq"], eager_opt.state[a]["exp_avg_sq"], rtol=1e-3, atol=1e-10)
@@ -136,7 +131,7 @@ def test_atari_cudagraphs_rollout_step_is_the_policy():
     with torch.no_grad():
         agent.actor.weight.mul_(300)  # far from uniform
     frames = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8, device=device)
-    step = atari.cuda_graph(torch.no_grad()(agent.get_action_and_value), torch.zeros_like(frames))  # as the script's
+    step = atari.cuda_graph(torch.no_grad()(agent.get_action_and_value))  # as the script's: captured at its first call
     with torch.no_grad():
         logits, values = agent(frames)
     counts = torch.zeros_like(logits)
@@ -164,6 +159,10 @@ def test_atari_cudagraphs_trains_resumes_and_evaluates(tmp_path):
     result = run_script("ppo_atari.py", *flags, "--total-timesteps", "768", "--resume", checkpoint, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 768
+    eager = ["--no-cudagraphs", "--total-timesteps", "1024"]  # the captured run's optimizer, resumed eagerly
+    result = run_script("ppo_atari.py", *flags, *eager, "--resume", checkpoint, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert torch.load(checkpoint, weights_only=True)["optimizer"]["param_groups"][0]["capturable"] is False
     result = run_script("ppo_atari.py", "--eval-checkpoint", checkpoint, "--eval-episodes", "1", "--no-cuda", cwd=cwd)
     assert result.returncode == 0 and "eval: 1 episodes" in result.stdout, result.stderr
 
@@ -171,7 +170,7 @@ def test_atari_cudagraphs_trains_resumes_and_evaluates(tmp_path):
 def test_ppg_trains_on_cuda_with_its_auxiliary_phase_and_evaluates_on_cpu(in_tmp):
     ppg = import_script("ppg_lunarlander")
     args = ppg.Args(env_id="CartPole-v1", num_envs=4, num_steps=32, num_minibatches=2, n_iteration=2, num_aux_rollouts=2)
-    args.total_timesteps, args.progress, args.save_model = 4 * 4 * 32, False, True
+    args = dataclasses.replace(args, total_timesteps=4 * 4 * 32, progress=False, save_model=True)  # 4 iterations
     ppg.main(args)
     (run_dir,) = run_dirs(".")
     assert len(read_scalars(run_dir)["losses/aux/kl_loss"]) == 2
