@@ -179,16 +179,6 @@ class Args:
         )
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:  # not Linux
-        return True
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
 def make_envs(env_id: str, num_envs: int, training: bool, threads: int = 0, noop_max: int = 30, fire_reset: bool = True):
     """The whole Atari pipeline in ale-py's C++ vector env (Machado et al. 2018; Mnih et al. 2015), classic
     defaults. Training envs end an episode at every life lost (life_loss_info: a termination without a reset,
@@ -456,6 +446,16 @@ def cuda_graph(fn, agent: nn.Module | None = None, optimizer: torch.optim.Optimi
         return tuple(x.clone() for x in outputs)
 
     return replay
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (x86's avx512_bf16 or amx_bf16, Arm's bf16); True if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:  # not Linux
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
