@@ -18,7 +18,7 @@ tracked results) travels to the nodes as the tasks' working dir, and each run's 
 into <out> when it ends.
 
 Presets (each writes its report to <out>/<name>.md, and with --results to benchmarks/results/<name>.md):
-  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --memory-gate), plus
+  fsmn-cartpole        CartPole-v1 and masked-velocity CartPole (memory 4 and 0, and memory 4 with --long-memory gate), plus
                        sb3-contrib RecurrentPPO on the masked task, with and without the previous action as input, 5
                        seeds each, 150k steps.
   atari-pong           PongNoFrameskip-v4, seed 1, 1.5M steps, with --bf16 and in float32 (bf16 only on CPUs with
@@ -46,7 +46,7 @@ Presets (each writes its report to <out>/<name>.md, and with --results to benchm
   transformer-pong     ppo_transformer_pong.py on PongNoFrameskip-v4, seed 1, 1M steps.
   popgym               POPGym's PositionOnlyCartPole, RepeatPrevious, RepeatFirst, CountRecall and Autoencode (Easy),
                        3 seeds, 400k steps: ppo_fsmn_cartpole.py at its defaults, with a memory as long as an episode
-                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), that with --memory-gate
+                       (memory order 32), at the fsmn-popgym study's best (POPGYM_PPO below), that with --long-memory gate
                        (`fsmn_gate`), its memoryless ablation (memory order 0), and sb3-contrib RecurrentPPO given the
                        same observation, previous action and PPO settings (the defaults', and the study's best);
                        `fsmn_gate_gamma0.97`, `fsmn_tuned_gamma0.97` and `sb3_recurrent_ppo_gamma0.97` at the study's
@@ -185,8 +185,8 @@ LSTM = ["benchmarks/peers.py", "recurrent-ppo", "--prev-action", "--fsmn-setting
 # settings, which the LSTM gets as well, and its memory order
 POPGYM_PPO = ["--learning-rate", "2.52e-3", "--gae-lambda", "0.850", "--clip-coef", "0.200", "--update-epochs", "9"]
 POPGYM_PPO += ["--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3", "--gamma", "0.99"]
-# fsmn_tuned with the input-gated memory (--memory-gate) in every block: the one flag between the two configs
-POPGYM_GATE = ["--memory-order", "16", "--memory-gate"]
+# fsmn_tuned with the input-gated memory (--long-memory gate) in every block: the one flag between the two configs
+POPGYM_GATE = ["--memory-order", "16", "--long-memory", "gate"]
 # POPGYM_PPO with gamma 0.97 for its last flag, --gamma 0.99: picked for the gated FSMN on seeds 101 and 102
 # (popgym.md); the configs named *_gamma0.97 run at it, the LSTM among them
 assert POPGYM_PPO[-2:] == ["--gamma", "0.99"]
@@ -206,8 +206,11 @@ PRESETS: dict[str, dict] = {
             Config("fsmn_m4", ["ppo_fsmn_cartpole.py", "--memory-order", "4"]),
             Config("fsmn_novel_m4", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4"]),
             Config("fsmn_novel_m0", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "0"]),
-            Config("fsmn_m4_gate", ["ppo_fsmn_cartpole.py", "--memory-order", "4", "--memory-gate"]),
-            Config("fsmn_novel_m4_gate", ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4", "--memory-gate"]),
+            Config("fsmn_m4_gate", ["ppo_fsmn_cartpole.py", "--memory-order", "4", "--long-memory", "gate"]),
+            Config(
+                "fsmn_novel_m4_gate",
+                ["ppo_fsmn_cartpole.py", "--mask-velocity", "--memory-order", "4", "--long-memory", "gate"],
+            ),
             Config("sb3_recurrent_ppo_novel", ["benchmarks/peers.py", "recurrent-ppo"]),
             Config("sb3_recurrent_ppo_novel_prev_action", ["benchmarks/peers.py", "recurrent-ppo", "--prev-action"]),
         ],

@@ -77,9 +77,9 @@ PAIRS = {
             "order 8 stride 8 (reach 128)": ["--memory-order", "8", "--memory-stride", "8"],
             "order 64 (reach 128)": ["--memory-order", "64"],
             "order 32 stride 4 (reach 256)": ["--memory-order", "32", "--memory-stride", "4"],
-            "order 4 + decay (reach: the episode)": ["--memory-decay"],
-            "order 4 + gate (reach: the episode)": ["--memory-gate"],
-            "order 16 + gate (the popgym preset's fsmn_gate memory)": ["--memory-order", "16", "--memory-gate"],
+            "order 4 + decay (reach: the episode)": ["--long-memory", "decay"],
+            "order 4 + gate (reach: the episode)": ["--long-memory", "gate"],
+            "order 16 + gate (the popgym preset's fsmn_gate memory)": ["--memory-order", "16", "--long-memory", "gate"],
         },
         peer=["benchmarks/peers.py", "recurrent-ppo", "--env-id", "popgym-RepeatFirstEasy-v0", "--prev-action"]
         + ["--fsmn-settings"],

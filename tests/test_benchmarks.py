@@ -488,7 +488,7 @@ def test_ray_start_up_failures_are_one_line(monkeypatch):
 @pytest.mark.smoke
 def test_popgym_preset_on_one_task(tmp_path):
     """The popgym preset's ten configs on one task, tiny: the FSMN at two memory lengths and at the tuned settings
-    (with and without --memory-gate), its ablation, and the LSTM at the FSMN's default and tuned settings on the same
+    (with and without --long-memory gate), its ablation, and the LSTM at the FSMN's default and tuned settings on the same
     flattened observation, those three tuned ones again at gamma 0.97, and a report with POPGym's MMER. 1,024 steps
     hold a whole rollout of each (8 envs x 64 or 128 steps), which holds an episode of every env: the task's episodes
     are 51 steps long. One epoch an update (the last --update-epochs wins over a config's): the runs are what is
