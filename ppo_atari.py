@@ -352,8 +352,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
 
 
 def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """The PPO loss of a minibatch of samples (frames as uint8), its fields by name. Returns the loss and its
-    stats by name, without a host sync."""
+    """The PPO loss of a minibatch of samples; `mb`: its tensors by name (frames as uint8). Returns the loss and
+    its stats by name, without a host sync."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
@@ -395,7 +395,9 @@ def minibatch_update(agent: Agent, optimizer, loss_fn, args: Args, mb: dict[str,
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """The optimizer's rate; a captured step's (a tensor, read at its address by the graph) is set in place."""
+    """The rate of the optimizer's one param group; a captured step's (a tensor, read at its address by the graph)
+    is set in place. Under --cudagraphs this is the only way to set it: a float written to the group would leave
+    the graph reading the old tensor."""
     group = optimizer.param_groups[0]
     group["lr"].fill_(lr) if torch.is_tensor(group["lr"]) else group.update(lr=lr)
 
