@@ -357,7 +357,9 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
-def minibatch_loss(agent: Agent, args: Args, mb: dict, *, train_policy: bool, train_value: bool) -> tuple:
+def minibatch_loss(
+    agent: Agent, args: Args, mb: dict[str, torch.Tensor], *, train_policy: bool, train_value: bool
+) -> tuple[torch.Tensor, dict]:
     """The PPO loss of a minibatch of samples, its fields by name: its policy part in the first E_pi epochs,
     value part in E_V. Returns the loss and its stats by name, without a host sync."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
@@ -1079,7 +1081,7 @@ def start_wandb(args: Args, name: str, root: str, job_type: str, events: str | N
     import wandb
 
     wandb.tensorboard.unpatch()  # a run earlier in this process may have patched it for its own folder
-    if events is not None:  # told the folder, W&B does not wait 10 s at the run's end to guess it
+    if events is not None:  # told the folder, W&B need not wait at the run's end to guess it
         wandb.tensorboard.patch(root_logdir=os.path.abspath(events))
     run = wandb.init(
         project=args.wandb_project_name,

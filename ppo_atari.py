@@ -403,8 +403,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def cuda_graph(fn, agent: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None):
-    """`fn(inputs)`, inputs a tensor or a dict of them, replayed as a CUDA graph (one launch): captured at the first
-    call, in that call's shapes. Each call copies its inputs into the graph's and returns copies of its outputs (a
+    """`fn(inputs)`, inputs a tensor or a dict of them, replayed as a CUDA graph: captured at the first call, in
+    that call's shapes. Each call copies its inputs into the graph's and returns copies of its outputs (a
     tuple or a dict of tensors). For an update, pass its agent and optimizer: the optimizer's step becomes
     capturable, its rate a tensor on the device (set_learning_rate sets it), and the capture's warm-up steps are
     undone."""
@@ -1075,7 +1075,7 @@ def start_wandb(args: Args, name: str, root: str, job_type: str, events: str | N
     import wandb
 
     wandb.tensorboard.unpatch()  # a run earlier in this process may have patched it for its own folder
-    if events is not None:  # told the folder, W&B does not wait 10 s at the run's end to guess it
+    if events is not None:  # told the folder, W&B need not wait at the run's end to guess it
         wandb.tensorboard.patch(root_logdir=os.path.abspath(events))
     run = wandb.init(
         project=args.wandb_project_name,

@@ -1134,7 +1134,7 @@ def start_wandb(args: Args, name: str, root: str, job_type: str, events: str | N
     import wandb
 
     wandb.tensorboard.unpatch()  # a run earlier in this process may have patched it for its own folder
-    if events is not None:  # told the folder, W&B does not wait 10 s at the run's end to guess it
+    if events is not None:  # told the folder, W&B need not wait at the run's end to guess it
         wandb.tensorboard.patch(root_logdir=os.path.abspath(events))
     run = wandb.init(
         project=args.wandb_project_name,
