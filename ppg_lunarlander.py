@@ -486,10 +486,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
     # ENGINEERING: warnings, once every check has passed
     if args.e_auxiliary and args.num_iterations < args.n_iteration:
-        warn(
-            f"--total-timesteps={args.total_timesteps} ends before the first auxiliary phase, after "
-            f"--n-iteration={args.n_iteration} iterations of {args.batch_size} steps: this run is PPO"
-        )
+        first_phase = f"after --n-iteration={args.n_iteration} iterations of {args.batch_size} steps"
+        warn(f"--total-timesteps={args.total_timesteps} ends before the first auxiliary phase, {first_phase}: this run is PPO")
 
     # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
@@ -544,8 +542,16 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(next_obs)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
             phase_index = (iteration - 1) % args.n_iteration  # kept for the auxiliary phase
             agent.phase_obs[phase_index], agent.phase_returns[phase_index] = obs, returns
 

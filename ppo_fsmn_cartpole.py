@@ -717,8 +717,16 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
                 # (context + T, B, ...): the policy's input, context first, replayed from the memory before it
                 replayed = [torch.cat(pair) for pair in zip(context, (obs, prev_actions, episode_starts))]
                 seen_obs, seen_starts = agent.observe(*replayed), replayed[2]

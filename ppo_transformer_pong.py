@@ -606,8 +606,16 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(next_obs, memory, next_done)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
