@@ -442,8 +442,8 @@ class Agent(nn.Module):
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
-        block = (args.hidden_dim, args.memory_order, args.memory_stride, args.long_memory)
-        self.blocks = nn.ModuleList(FSMNBlock(*block) for _ in range(args.num_blocks))
+        block = dict(memory_order=args.memory_order, memory_stride=args.memory_stride, long_memory=args.long_memory)
+        self.blocks = nn.ModuleList(FSMNBlock(args.hidden_dim, **block) for _ in range(args.num_blocks))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
@@ -580,8 +580,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from
     --context-steps before the rollout's start.
     Returns the loss and its stats by name, without a host sync."""
-    sequence = (mb["obs"], mb["memory"], mb["starts"], mb["actions"], args.context_steps)
-    _, newlogprob, entropy, newvalue, features = agent.get_action_and_value_sequence(*sequence)
+    _, newlogprob, entropy, newvalue, features = agent.get_action_and_value_sequence(
+        x=mb["obs"], memory=mb["memory"], episode_starts=mb["starts"], action=mb["actions"], context=args.context_steps
+    )
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -661,8 +662,9 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
-    # the previous rollout's last --context-steps steps and the memory before them (at first, all starts)
-    context, context_memory = [x[: args.context_steps] for x in (obs, prev_actions, ~episode_starts)], memory
+    # the previous rollout's last --context-steps steps and the memory before them; at first, all episode starts
+    context = dict(obs=obs, prev_actions=prev_actions, starts=torch.ones_like(episode_starts))
+    context, context_memory = {name: x[: args.context_steps].clone() for name, x in context.items()}, memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -728,18 +730,19 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     gae_lambda=args.gae_lambda,
                 )
                 # (context + T, B, ...): the policy's input, context first, replayed from the memory before it
-                replayed = [torch.cat(pair) for pair in zip(context, (obs, prev_actions, episode_starts))]
-                seen_obs, seen_starts = agent.observe(*replayed), replayed[2]
+                rollout = dict(obs=obs, prev_actions=prev_actions, starts=episode_starts)
+                seen = {name: torch.cat([context[name], x]) for name, x in rollout.items()}
+                seen_obs = agent.observe(obs=seen["obs"], prev_action=seen["prev_actions"], episode_starts=seen["starts"])
                 if args.context_steps:
                     initial_memory, context_memory = context_memory, next_context_memory
                 last = slice(args.num_steps - args.context_steps, args.num_steps)
-                context = [x[last].clone() for x in (obs, prev_actions, episode_starts)]
+                context = {name: x[last].clone() for name, x in rollout.items()}
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values)
-            batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen_starts)
+            batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen["starts"])
             env_inds = np.arange(args.num_envs)
             envs_per_minibatch = args.num_envs // args.num_minibatches
             stats = []

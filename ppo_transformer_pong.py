@@ -326,8 +326,8 @@ class TransformerLayer(nn.Module):
 class Agent(nn.Module):
     """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer
     layers over the last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in
-    Beltagy et al. 2020), a final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory
-    (kv, valid, slot) is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's
+    Beltagy et al. 2020), a final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory,
+    a dict of kv, valid and slot, is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's
     keys and values; slot (1,), the same for every env, where the next step writes (over the step W + 1 back,
     which no step attends to); valid (B, W+1), the slots of the current episode. A step writes kv in place, so
     training clones the memory at the rollout's start; a dropped step (a final observation's value) writes
@@ -362,10 +362,11 @@ class Agent(nn.Module):
         for key in [k for k in state_dict if k.startswith(f"{prefix}encoder.")]:
             state_dict[f"{prefix}network.{key[len(prefix) + len('encoder.') :]}"] = state_dict.pop(key)
 
-    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    def initial_memory(self, num_envs: int, device: torch.device) -> dict[str, torch.Tensor]:
         shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
-        return torch.zeros(shape, device=device), valid, torch.zeros(1, dtype=torch.long, device=device)
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        return dict(kv=torch.zeros(shape, device=device), valid=valid, slot=slot)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """x: (N, 1, 84, 84) uint8 frames -> tokens (N, D), in the compute dtype."""
@@ -380,7 +381,7 @@ class Agent(nn.Module):
             W=3, slot 1:  slot       0   1   2   3      the new step's key and value go into its slot, over step
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
                           distance   1   0   3   2      episode), with the bias of the slot's distance"""
-        kv, valid, slot = memory
+        kv, valid, slot = memory["kv"], memory["valid"], memory["slot"]
         valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: a new episode sees nothing before it
         valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
         distance = (slot - torch.arange(self.lookback + 1, device=x.device)) % (self.lookback + 1)  # (W+1,)
@@ -389,7 +390,7 @@ class Agent(nn.Module):
             for layer, layer_kv in zip(self.layers, kv):
                 hidden = layer(hidden, layer_kv, valid.unsqueeze(1), distance.unsqueeze(0), slot)
             hidden = self.norm(hidden.squeeze(1)).float()
-        return hidden, (kv, valid, (slot + 1) % (self.lookback + 1))
+        return hidden, dict(kv=kv, valid=valid, slot=(slot + 1) % (self.lookback + 1))
 
     def get_value(self, x, memory, episode_starts):
         hidden, _ = self.get_states(x, memory, episode_starts)
@@ -413,7 +414,7 @@ class Agent(nn.Module):
             query t1 (id 0) sees                                    x   x |  x   x
             query t3 (id 1) sees                                          |          x   x
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
-        kv, valid, slot = memory
+        kv, valid, slot = memory["kv"], memory["valid"], memory["slot"]
         (T, B), W = episode_starts.shape, self.lookback
         oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the last W steps
         kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)  # (L, 2, B, H, W, D/H), (B, W)
@@ -472,8 +473,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
 def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from the
     rollout's start. Returns the loss and its stats by name, without a host sync."""
-    sequence = (mb["obs"], mb["memory"], mb["starts"], mb["actions"])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(*sequence)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(
+        x=mb["obs"], memory=mb["memory"], episode_starts=mb["starts"], action=mb["actions"]
+    )
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -554,7 +556,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
+    memory = agent.initial_memory(args.num_envs, device)  # kv, valid, slot: the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -572,7 +574,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = tuple(x.clone() for x in memory)  # training replays each sequence from here
+            initial_memory = {name: x.clone() for name, x in memory.items()}  # each sequence's replay starts here
             final_values.zero_()
             for step in range(args.num_steps):
                 run.check_interrupt()
@@ -628,8 +630,9 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
                     minibatch = {name: x[:, mb_envs] for name, x in batch.items()}  # dim 1: envs
-                    kv, valid, slot = initial_memory  # the ring's slot is the same for every env
-                    minibatch["memory"] = (kv[:, :, mb_envs], valid[mb_envs], slot)
+                    # these envs' memory at the rollout's start; the ring's slot is the same for every env
+                    kv, valid = initial_memory["kv"][:, :, mb_envs], initial_memory["valid"][mb_envs]
+                    minibatch["memory"] = dict(kv=kv, valid=valid, slot=initial_memory["slot"])
                     loss, mb_stats = loss_fn(agent, args, minibatch)
                     optimizer.zero_grad()
                     loss.backward()
