@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 
@@ -944,14 +945,7 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args,
-    run_name: str,
-    agent: nn.Module,
-    optimizer,
-    iteration: int,
-    global_step: int,
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -975,11 +969,16 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
     nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    resume = None
-    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            resume = value or argv[i + 1]
+    given = {}  # the value after each --flag, the last one given (the one tyro keeps)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (equals or i + 1 < len(argv)):
+            given[flag.replace("_", "-")] = value if equals else argv[i + 1]
+    for f in fields(Args):  # a choice tyro would refuse in a box of several lines: one line instead
+        flag, choices = f"--{f.name.replace('_', '-')}", tuple(map(str, typing.get_args(f.type)))
+        if typing.get_origin(f.type) is typing.Literal and given.get(flag, choices[0]) not in choices:
+            raise SystemExit(f"error: {flag}={given[flag]} must be one of {', '.join(choices)}")
+    resume = given.get("--resume")
     path, checkpoint = resume, None
     if resume == "auto":
         path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))

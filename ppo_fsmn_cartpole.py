@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -156,7 +157,7 @@ class Args:
     """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
     """look-back stride S of the taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S; the blocks reach blocks x N x S steps"""
-    long_memory: str = "none"
+    long_memory: typing.Literal["none", "decay", "gate"] = "none"
     """an episode-long memory in each block: none, decay (learned per-channel decays) or gate (input-gated)"""
     memory_decay: bool = False
     """the older spelling of --long-memory decay"""
@@ -209,7 +210,7 @@ class Args:
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
             ("recall_lags", self.recall_lags >= 0, "at least 0"),
             ("recall_coef", 0 <= self.recall_coef < math.inf, "a number >= 0"),
-            ("long_memory", self.long_memory in ("none", "decay", "gate"), "none, decay or gate"),
+            ("long_memory", self.long_memory in ("none", "decay", "gate"), "one of none, decay, gate"),
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
             ("long_memory", older is None or self.long_memory in ("none", older), f"{older} with --memory-{older}"),
         )
@@ -1124,14 +1125,7 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args,
-    run_name: str,
-    agent: nn.Module,
-    optimizer,
-    iteration: int,
-    global_step: int,
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -1155,11 +1149,16 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
     nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    resume = None
-    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            resume = value or argv[i + 1]
+    given = {}  # the value after each --flag, the last one given (the one tyro keeps)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (equals or i + 1 < len(argv)):
+            given[flag.replace("_", "-")] = value if equals else argv[i + 1]
+    for f in fields(Args):  # a choice tyro would refuse in a box of several lines: one line instead
+        flag, choices = f"--{f.name.replace('_', '-')}", tuple(map(str, typing.get_args(f.type)))
+        if typing.get_origin(f.type) is typing.Literal and given.get(flag, choices[0]) not in choices:
+            raise SystemExit(f"error: {flag}={given[flag]} must be one of {', '.join(choices)}")
+    resume = given.get("--resume")
     path, checkpoint = resume, None
     if resume == "auto":
         path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))

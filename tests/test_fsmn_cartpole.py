@@ -659,6 +659,8 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
         (["--save-interval", "0"], ["--save-interval=0"]),
         (["--recall-lags", "-1"], ["--recall-lags=-1", "at least 0"]),
+        (["--long-memory", "lstm"], ["--long-memory=lstm", "one of none, decay, gate"]),
+        (["--long_memory=gates"], ["--long-memory=gates", "one of none, decay, gate"]),
         (["--num-envs", "2", "--num-minibatches", "2", "--num-steps", "1"], ["--num-minibatches=2", "--norm-adv"]),
     ],
 )
