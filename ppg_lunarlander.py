@@ -395,8 +395,9 @@ def minibatch_loss(
     if train_value:
         loss = loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def auxiliary_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -410,7 +411,7 @@ def auxiliary_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     real_value_loss = 0.5 * ((agent.get_value(mb["obs"]) - mb["returns"]) ** 2).mean()
     loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
     stats = dict(kl_loss=kl_loss, aux_value_loss=aux_value_loss, real_value_loss=real_value_loss)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}  # the loss returned is logged
 
 
 def auxiliary_phase(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> dict[str, float]:

@@ -381,8 +381,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def minibatch_update(agent: Agent, optimizer, loss_fn, args: Args, mb: dict[str, torch.Tensor]) -> dict:

@@ -613,8 +613,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
         predicted = agent.recall(features).unflatten(-1, (agent.recall_lags, -1))  # (T, B, lags, input)
         stats["recall_loss"] = recall_loss(predicted, mb["obs"], mb["starts"])
         loss = loss + args.recall_coef * stats["recall_loss"]
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:

@@ -4,6 +4,7 @@ import contextlib
 import glob
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 
@@ -407,6 +409,45 @@ def assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(script, monkeypa
     checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
     assert checkpoint["iteration"] == 2
     assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+
+
+TERM = 1000.0  # a constant added to a loss, far above the loss itself: it moves no gradient
+
+
+def with_a_term_added_last(script, name: str):
+    """`script.<name>`, a loss function, as a forker extends it: `loss = loss + TERM` on the line before its return,
+    after its stats were made."""
+    lines = textwrap.dedent(inspect.getsource(getattr(script, name))).splitlines()
+    at = max(i for i, line in enumerate(lines) if line.lstrip().startswith("return loss"))
+    lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + f"loss = loss + {TERM}")
+    namespace = dict(vars(script))
+    exec(compile("\n".join(lines), script.__file__, "exec"), namespace)
+    return namespace[name]
+
+
+def assert_a_loss_term_added_last_is_logged(script, monkeypatch, tags: dict | None = None, **args) -> dict:
+    """Run `script.main` for 2 iterations with TERM added last to each loss function of `tags` (its name -> the tag of
+    its total; minibatch_loss's losses/loss by default): every minibatch's stats give the loss it returned, the term
+    included, and so does its tag. Returns the run's scalars."""
+    tags = tags or {"minibatch_loss": "losses/loss"}
+    for name in tags:
+        extended = with_a_term_added_last(script, name)
+
+        def checked(*call_args, extended=extended, **kwargs):
+            loss, stats = extended(*call_args, **kwargs)
+            assert torch.equal(stats["loss"], loss.detach()) and loss.item() > TERM / 2
+            return loss, stats
+
+        monkeypatch.setattr(script, name, checked)
+    total_timesteps = 2 * args["num_envs"] * args["num_steps"]
+    run_args = script.Args(**args, total_timesteps=total_timesteps, progress=False, threads=1)
+    run_args.exp_name = "term"
+    script.main(run_args)
+    (run_dir,) = glob.glob("runs/*__term__*")
+    scalars = read_scalars(run_dir)
+    for tag in tags.values():
+        assert scalars[tag] and all(value > TERM / 2 for _, value in scalars[tag]), (tag, scalars.get(tag))
+    return scalars
 
 
 def assert_same_seed_same_losses(script, **args) -> None:

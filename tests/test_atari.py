@@ -13,6 +13,7 @@ from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
     WANDB_OFFLINE,
+    assert_a_loss_term_added_last_is_logged,
     assert_evaluation_fires_after_a_lost_life,
     assert_one_line_error,
     assert_training_replays_the_rollout,
@@ -178,6 +179,11 @@ def test_training_replays_the_rollout(in_tmp, monkeypatch):
     """At a learning rate of 0 the minibatch loss gives back the rollout's own log-probabilities (KL 0): the frames and
     actions reach it as the rollout saw them."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
+
+
+def test_a_loss_term_added_last_reaches_losses_loss(in_tmp, monkeypatch):
+    """A term a forker adds to the loss after its stats were made is in losses/loss: the loss logged is the one returned."""
+    assert_a_loss_term_added_last_is_logged(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from conftest import (
     ITERATION_TAGS,
     NO_DISPLAY,
     WANDB_OFFLINE,
+    assert_a_loss_term_added_last_is_logged,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
@@ -320,6 +321,11 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     """Training sees the observations normalised by the statistics the rollout used (frozen for its length, updated
     after it): at a learning rate of 0, KL 0 in every minibatch."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
+
+
+def test_a_loss_term_added_last_reaches_losses_loss(in_tmp, monkeypatch):
+    """A term a forker adds to the loss after its stats were made is in losses/loss: the loss logged is the one returned."""
+    assert_a_loss_term_added_last_is_logged(p, monkeypatch, num_envs=2, num_steps=32, num_minibatches=2)
 
 
 def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):

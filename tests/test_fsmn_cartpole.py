@@ -16,6 +16,7 @@ from conftest import (
     ITERATION_TAGS,
     NO_DISPLAY,
     WANDB_OFFLINE,
+    assert_a_loss_term_added_last_is_logged,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
@@ -438,6 +439,11 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, 
     flags = dict(prev_action=prev_action, memory_order=memory_order, memory_stride=memory_stride)
     flags |= dict(long_memory=long_memory)
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
+
+
+def test_a_loss_term_added_last_reaches_losses_loss(in_tmp, monkeypatch):
+    """A term a forker adds to the loss after its stats were made is in losses/loss: the loss logged is the one returned."""
+    assert_a_loss_term_added_last_is_logged(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2)
 
 
 @pytest.mark.parametrize("context_steps, long_memory", [(5, "none"), (30, "gate"), (48, "decay")])

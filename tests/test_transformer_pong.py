@@ -11,6 +11,7 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
+    assert_a_loss_term_added_last_is_logged,
     assert_evaluation_fires_after_a_lost_life,
     assert_one_line_error,
     assert_training_replays_the_rollout,
@@ -254,6 +255,11 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     """Training sees the frames, the memory at the rollout's start and the episode masks that the rollout saw: at a
     learning rate of 0, KL 0 in every minibatch."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2)
+
+
+def test_a_loss_term_added_last_reaches_losses_loss(in_tmp, monkeypatch):
+    """A term a forker adds to the loss after its stats were made is in losses/loss: the loss logged is the one returned."""
+    assert_a_loss_term_added_last_is_logged(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
