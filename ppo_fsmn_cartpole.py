@@ -763,7 +763,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
@@ -969,18 +969,20 @@ class Run:
         stats: list[dict[str, torch.Tensor]],
         explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
-        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
-        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
-        --save-interval iterations."""
+        """The iteration's stats, read in one host sync: losses/<name> as CleanRL logs its losses, the value of the
+        iteration's last minibatch (losses/clipfrac: the mean over its minibatches); losses/mean/<name>, every stat's
+        mean over its minibatches; the explained variance, the learning rate and SPS. A non-finite loss (in any
+        minibatch) or weight stops the run. Then a snapshot of this complete iteration, what a stop or an error
+        saves later, written every --save-interval iterations."""
         self.global_step = global_step
         weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
-        names = list(stats[0])  # every minibatch's stats have the same names
-        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
-        last = torch.stack([explained_var, weights_finite.float()])
-        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
-        losses = dict(zip(names, means), explained_variance=explained_var)
-        if not (np.isfinite(losses["loss"]) and weights_finite):
+        names = list(stats[0])  # every minibatch's stats have the same names: a table (minibatches, names)
+        table = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats])
+        once = torch.stack([explained_var, weights_finite.float()])
+        *values, explained_var, weights_finite = torch.cat([table[-1], table.mean(0), once]).tolist()
+        losses = dict(zip(names + [f"mean/{name}" for name in names], values), explained_variance=explained_var)
+        losses["clipfrac"] = losses["mean/clipfrac"]
+        if not (np.isfinite(losses["mean/loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")

@@ -11,8 +11,8 @@ import torch
 from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
-    assert_a_loss_term_added_last_is_logged,
     assert_evaluation_fires_after_a_lost_life,
+    assert_logged_losses,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     copy_alone,
@@ -257,9 +257,10 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2)
 
 
-def test_a_loss_term_added_last_reaches_losses_loss(in_tmp, monkeypatch):
-    """A term a forker adds to the loss after its stats were made is in losses/loss: the loss logged is the one returned."""
-    assert_a_loss_term_added_last_is_logged(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """losses/<name> is the iteration's last minibatch's (clipfrac: the mean), as CleanRL logs them, losses/mean/<name>
+    the mean, and a term a forker adds to the loss after its stats were made is in losses/loss."""
+    assert_logged_losses(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
