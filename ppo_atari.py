@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 
@@ -380,8 +381,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def minibatch_update(agent: Agent, optimizer, loss_fn, args: Args, mb: dict[str, torch.Tensor]) -> dict:
@@ -554,8 +556,16 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(next_obs)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of samples
             batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
@@ -573,7 +583,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
@@ -779,18 +789,20 @@ class Run:
         stats: list[dict[str, torch.Tensor]],
         explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
-        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
-        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
-        --save-interval iterations."""
+        """The iteration's stats, read in one host sync: losses/<name> as CleanRL logs its losses, the value of the
+        iteration's last minibatch (losses/clipfrac: the mean over its minibatches); losses/mean/<name>, every stat's
+        mean over its minibatches; the explained variance, the learning rate and SPS. A non-finite loss (in any
+        minibatch) or weight stops the run. Then a snapshot of this complete iteration, what a stop or an error
+        saves later, written every --save-interval iterations."""
         self.global_step = global_step
         weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
-        names = list(stats[0])  # every minibatch's stats have the same names
-        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
-        last = torch.stack([explained_var, weights_finite.float()])
-        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
-        losses = dict(zip(names, means), explained_variance=explained_var)
-        if not (np.isfinite(losses["loss"]) and weights_finite):
+        names = list(stats[0])  # every minibatch's stats have the same names: a table (minibatches, names)
+        table = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats])
+        once = torch.stack([explained_var, weights_finite.float()])
+        *values, explained_var, weights_finite = torch.cat([table[-1], table.mean(0), once]).tolist()
+        losses = dict(zip(names + [f"mean/{name}" for name in names], values), explained_variance=explained_var)
+        losses["clipfrac"] = losses["mean/clipfrac"]
+        if not (np.isfinite(losses["mean/loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
@@ -936,14 +948,7 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args,
-    run_name: str,
-    agent: nn.Module,
-    optimizer,
-    iteration: int,
-    global_step: int,
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -967,11 +972,16 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
     nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    resume = None
-    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            resume = value or argv[i + 1]
+    given = {}  # the value after each --flag, the last one given (the one tyro keeps)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (equals or i + 1 < len(argv)):
+            given[flag.replace("_", "-")] = value if equals else argv[i + 1]
+    for f in fields(Args):  # a choice tyro would refuse in a box of several lines: one line instead
+        flag, choices = f"--{f.name.replace('_', '-')}", tuple(map(str, typing.get_args(f.type)))
+        if typing.get_origin(f.type) is typing.Literal and given.get(flag, choices[0]) not in choices:
+            raise SystemExit(f"error: {flag}={given[flag]} must be one of {', '.join(choices)}")
+    resume = given.get("--resume")
     path, checkpoint = resume, None
     if resume == "auto":
         path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))

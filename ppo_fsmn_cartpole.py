@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -156,7 +157,7 @@ class Args:
     """past hidden states each block weighs, --memory-stride steps apart (0: the memoryless ablation)"""
     memory_stride: int = 1
     """look-back stride S of the taps (DFSMN, arXiv 1803.05030): lags 0, S, ..., N*S; the blocks reach blocks x N x S steps"""
-    long_memory: str = "none"
+    long_memory: typing.Literal["none", "decay", "gate"] = "none"
     """an episode-long memory in each block: none, decay (learned per-channel decays) or gate (input-gated)"""
     memory_decay: bool = False
     """the older spelling of --long-memory decay"""
@@ -209,7 +210,7 @@ class Args:
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
             ("recall_lags", self.recall_lags >= 0, "at least 0"),
             ("recall_coef", 0 <= self.recall_coef < math.inf, "a number >= 0"),
-            ("long_memory", self.long_memory in ("none", "decay", "gate"), "none, decay or gate"),
+            ("long_memory", self.long_memory in ("none", "decay", "gate"), "one of none, decay, gate"),
             ("memory_decay", not (self.memory_decay and self.memory_gate), "False with --memory-gate (it replaces it)"),
             ("long_memory", older is None or self.long_memory in ("none", older), f"{older} with --memory-{older}"),
         )
@@ -442,8 +443,8 @@ class Agent(nn.Module):
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action = args.prev_action
         self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
-        block = (args.hidden_dim, args.memory_order, args.memory_stride, args.long_memory)
-        self.blocks = nn.ModuleList(FSMNBlock(*block) for _ in range(args.num_blocks))
+        block = dict(memory_order=args.memory_order, memory_stride=args.memory_stride, long_memory=args.long_memory)
+        self.blocks = nn.ModuleList(FSMNBlock(args.hidden_dim, **block) for _ in range(args.num_blocks))
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
@@ -580,8 +581,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from
     --context-steps before the rollout's start.
     Returns the loss and its stats by name, without a host sync."""
-    sequence = (mb["obs"], mb["memory"], mb["starts"], mb["actions"], args.context_steps)
-    _, newlogprob, entropy, newvalue, features = agent.get_action_and_value_sequence(*sequence)
+    _, newlogprob, entropy, newvalue, features = agent.get_action_and_value_sequence(
+        x=mb["obs"], memory=mb["memory"], episode_starts=mb["starts"], action=mb["actions"], context=args.context_steps
+    )
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -611,8 +613,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
         predicted = agent.recall(features).unflatten(-1, (agent.recall_lags, -1))  # (T, B, lags, input)
         stats["recall_loss"] = recall_loss(predicted, mb["obs"], mb["starts"])
         loss = loss + args.recall_coef * stats["recall_loss"]
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def main(args: Args, checkpoint: dict | None = None) -> None:
@@ -661,8 +664,9 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
-    # the previous rollout's last --context-steps steps and the memory before them (at first, all starts)
-    context, context_memory = [x[: args.context_steps] for x in (obs, prev_actions, ~episode_starts)], memory
+    # the previous rollout's last --context-steps steps and the memory before them; at first, all episode starts
+    context = dict(obs=obs, prev_actions=prev_actions, starts=torch.ones_like(episode_starts))
+    context, context_memory = {name: x[: args.context_steps].clone() for name, x in context.items()}, memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -717,21 +721,30 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(agent.observe(next_obs, action, next_done), memory, next_done)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
                 # (context + T, B, ...): the policy's input, context first, replayed from the memory before it
-                replayed = [torch.cat(pair) for pair in zip(context, (obs, prev_actions, episode_starts))]
-                seen_obs, seen_starts = agent.observe(*replayed), replayed[2]
+                rollout = dict(obs=obs, prev_actions=prev_actions, starts=episode_starts)
+                seen = {name: torch.cat([context[name], x]) for name, x in rollout.items()}
+                seen_obs = agent.observe(obs=seen["obs"], prev_action=seen["prev_actions"], episode_starts=seen["starts"])
                 if args.context_steps:
                     initial_memory, context_memory = context_memory, next_context_memory
                 last = slice(args.num_steps - args.context_steps, args.num_steps)
-                context = [x[last].clone() for x in (obs, prev_actions, episode_starts)]
+                context = {name: x[last].clone() for name, x in rollout.items()}
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values)
-            batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen_starts)
+            batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen["starts"])
             env_inds = np.arange(args.num_envs)
             envs_per_minibatch = args.num_envs // args.num_minibatches
             stats = []
@@ -750,7 +763,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
@@ -956,18 +969,20 @@ class Run:
         stats: list[dict[str, torch.Tensor]],
         explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
-        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
-        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
-        --save-interval iterations."""
+        """The iteration's stats, read in one host sync: losses/<name> as CleanRL logs its losses, the value of the
+        iteration's last minibatch (losses/clipfrac: the mean over its minibatches); losses/mean/<name>, every stat's
+        mean over its minibatches; the explained variance, the learning rate and SPS. A non-finite loss (in any
+        minibatch) or weight stops the run. Then a snapshot of this complete iteration, what a stop or an error
+        saves later, written every --save-interval iterations."""
         self.global_step = global_step
         weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
-        names = list(stats[0])  # every minibatch's stats have the same names
-        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
-        last = torch.stack([explained_var, weights_finite.float()])
-        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
-        losses = dict(zip(names, means), explained_variance=explained_var)
-        if not (np.isfinite(losses["loss"]) and weights_finite):
+        names = list(stats[0])  # every minibatch's stats have the same names: a table (minibatches, names)
+        table = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats])
+        once = torch.stack([explained_var, weights_finite.float()])
+        *values, explained_var, weights_finite = torch.cat([table[-1], table.mean(0), once]).tolist()
+        losses = dict(zip(names + [f"mean/{name}" for name in names], values), explained_variance=explained_var)
+        losses["clipfrac"] = losses["mean/clipfrac"]
+        if not (np.isfinite(losses["mean/loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
@@ -1113,14 +1128,7 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args,
-    run_name: str,
-    agent: nn.Module,
-    optimizer,
-    iteration: int,
-    global_step: int,
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -1144,11 +1152,16 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
     nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    resume = None
-    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            resume = value or argv[i + 1]
+    given = {}  # the value after each --flag, the last one given (the one tyro keeps)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (equals or i + 1 < len(argv)):
+            given[flag.replace("_", "-")] = value if equals else argv[i + 1]
+    for f in fields(Args):  # a choice tyro would refuse in a box of several lines: one line instead
+        flag, choices = f"--{f.name.replace('_', '-')}", tuple(map(str, typing.get_args(f.type)))
+        if typing.get_origin(f.type) is typing.Literal and given.get(flag, choices[0]) not in choices:
+            raise SystemExit(f"error: {flag}={given[flag]} must be one of {', '.join(choices)}")
+    resume = given.get("--resume")
     path, checkpoint = resume, None
     if resume == "auto":
         path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))

@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 
 # Ctrl-C; SIGTERM, what a scheduler sends at a time limit or a preemption (as do `docker stop` and `kill`);
@@ -326,8 +327,8 @@ class TransformerLayer(nn.Module):
 class Agent(nn.Module):
     """A token per frame (the NatureCNN's convolutions, Mnih et al. 2015), `n_layers` causal transformer
     layers over the last `lookback` tokens of the episode (layer l sees up to l * lookback frames back, as in
-    Beltagy et al. 2020), a final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory
-    (kv, valid, slot) is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's
+    Beltagy et al. 2020), a final LayerNorm, a policy head (std 0.01) and a value head (std 1). Its memory,
+    a dict of kv, valid and slot, is a ring buffer of W + 1 slots, W = lookback: kv (L, 2, B, H, W+1, D/H), every layer's
     keys and values; slot (1,), the same for every env, where the next step writes (over the step W + 1 back,
     which no step attends to); valid (B, W+1), the slots of the current episode. A step writes kv in place, so
     training clones the memory at the rollout's start; a dropped step (a final observation's value) writes
@@ -362,10 +363,11 @@ class Agent(nn.Module):
         for key in [k for k in state_dict if k.startswith(f"{prefix}encoder.")]:
             state_dict[f"{prefix}network.{key[len(prefix) + len('encoder.') :]}"] = state_dict.pop(key)
 
-    def initial_memory(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    def initial_memory(self, num_envs: int, device: torch.device) -> dict[str, torch.Tensor]:
         shape = (len(self.layers), 2, num_envs, self.n_heads, self.lookback + 1, self.d_model // self.n_heads)
         valid = torch.zeros((num_envs, self.lookback + 1), dtype=torch.bool, device=device)
-        return torch.zeros(shape, device=device), valid, torch.zeros(1, dtype=torch.long, device=device)
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        return dict(kv=torch.zeros(shape, device=device), valid=valid, slot=slot)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """x: (N, 1, 84, 84) uint8 frames -> tokens (N, D), in the compute dtype."""
@@ -380,7 +382,7 @@ class Agent(nn.Module):
             W=3, slot 1:  slot       0   1   2   3      the new step's key and value go into its slot, over step
                           holds     t-1  t  t-3 t-2     t-4; it attends to every slot that is `valid` (its own
                           distance   1   0   3   2      episode), with the bias of the slot's distance"""
-        kv, valid, slot = memory
+        kv, valid, slot = memory["kv"], memory["valid"], memory["slot"]
         valid = valid & ~episode_starts.unsqueeze(1)  # MEMORY RESET: a new episode sees nothing before it
         valid = valid.index_fill(1, slot, True)  # (B, W+1): the new step sees itself
         distance = (slot - torch.arange(self.lookback + 1, device=x.device)) % (self.lookback + 1)  # (W+1,)
@@ -389,7 +391,7 @@ class Agent(nn.Module):
             for layer, layer_kv in zip(self.layers, kv):
                 hidden = layer(hidden, layer_kv, valid.unsqueeze(1), distance.unsqueeze(0), slot)
             hidden = self.norm(hidden.squeeze(1)).float()
-        return hidden, (kv, valid, (slot + 1) % (self.lookback + 1))
+        return hidden, dict(kv=kv, valid=valid, slot=(slot + 1) % (self.lookback + 1))
 
     def get_value(self, x, memory, episode_starts):
         hidden, _ = self.get_states(x, memory, episode_starts)
@@ -413,7 +415,7 @@ class Agent(nn.Module):
             query t1 (id 0) sees                                    x   x |  x   x
             query t3 (id 1) sees                                          |          x   x
             query t4 (id 1) sees (band: d <= W = 3)                       |          x   x   x"""
-        kv, valid, slot = memory
+        kv, valid, slot = memory["kv"], memory["valid"], memory["slot"]
         (T, B), W = episode_starts.shape, self.lookback
         oldest_first = (slot + 1 + torch.arange(W, device=x.device)) % (W + 1)  # (W,): the last W steps
         kv, valid = kv.index_select(4, oldest_first), valid.index_select(1, oldest_first)  # (L, 2, B, H, W, D/H), (B, W)
@@ -472,8 +474,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
 def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from the
     rollout's start. Returns the loss and its stats by name, without a host sync."""
-    sequence = (mb["obs"], mb["memory"], mb["starts"], mb["actions"])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(*sequence)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value_sequence(
+        x=mb["obs"], memory=mb["memory"], episode_starts=mb["starts"], action=mb["actions"]
+    )
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -499,8 +502,9 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, old_approx_kl=old_approx_kl)
-    stats.update(approx_kl=approx_kl, loss=loss, clipfrac=clipfrac)
-    return loss, {name: x.detach() for name, x in stats.items()}
+    stats.update(approx_kl=approx_kl, clipfrac=clipfrac)
+    # the loss logged is the one returned, so that a term added to it anywhere above is in losses/loss
+    return loss, {name: x.detach() for name, x in dict(stats, loss=loss).items()}
 
 
 def cpu_has_bf16() -> bool:
@@ -554,7 +558,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
-    memory = agent.initial_memory(args.num_envs, device)  # (kv, valid, slot): the running episodes' memory
+    memory = agent.initial_memory(args.num_envs, device)  # kv, valid, slot: the running episodes' memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.ones(args.num_envs, dtype=torch.bool, device=device)  # every env begins an episode
@@ -572,7 +576,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # ALGO LOGIC: rollout
-            initial_memory = tuple(x.clone() for x in memory)  # training replays each sequence from here
+            initial_memory = {name: x.clone() for name, x in memory.items()}  # each sequence's replay starts here
             final_values.zero_()
             for step in range(args.num_steps):
                 run.check_interrupt()
@@ -606,8 +610,16 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             )
             with torch.no_grad():
                 next_value = agent.get_value(next_obs, memory, next_done)
-                gae_inputs = (rewards, values, terminations, truncations, final_values, next_value)
-                advantages, returns = compute_gae(*gae_inputs, gamma=args.gamma, gae_lambda=args.gae_lambda)
+                advantages, returns = compute_gae(
+                    rewards=rewards,
+                    values=values,
+                    terminations=terminations,
+                    truncations=truncations,
+                    final_values=final_values,
+                    next_value=next_value,
+                    gamma=args.gamma,
+                    gae_lambda=args.gae_lambda,
+                )
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             batch = dict(obs=obs, actions=actions, logprobs=logprobs, values=values)
@@ -620,8 +632,9 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 for start in range(0, args.num_envs, envs_per_minibatch):
                     mb_envs = torch.as_tensor(env_inds[start : start + envs_per_minibatch], device=device)
                     minibatch = {name: x[:, mb_envs] for name, x in batch.items()}  # dim 1: envs
-                    kv, valid, slot = initial_memory  # the ring's slot is the same for every env
-                    minibatch["memory"] = (kv[:, :, mb_envs], valid[mb_envs], slot)
+                    # these envs' memory at the rollout's start; the ring's slot is the same for every env
+                    kv, valid = initial_memory["kv"][:, :, mb_envs], initial_memory["valid"][mb_envs]
+                    minibatch["memory"] = dict(kv=kv, valid=valid, slot=initial_memory["slot"])
                     loss, mb_stats = loss_fn(agent, args, minibatch)
                     optimizer.zero_grad()
                     loss.backward()
@@ -632,7 +645,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
 
-            # TRY NOT TO MODIFY: record and keep the iteration (losses averaged over its minibatches)
+            # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
 
 
@@ -838,18 +851,20 @@ class Run:
         stats: list[dict[str, torch.Tensor]],
         explained_var: torch.Tensor,
     ) -> None:
-        """The iteration's losses (each of the loss's stats averaged over all its minibatches), the explained
-        variance, the learning rate and SPS, read in one host sync; a non-finite loss or weight stops the run.
-        Then a snapshot of this complete iteration, what a stop or an error saves later, written every
-        --save-interval iterations."""
+        """The iteration's stats, read in one host sync: losses/<name> as CleanRL logs its losses, the value of the
+        iteration's last minibatch (losses/clipfrac: the mean over its minibatches); losses/mean/<name>, every stat's
+        mean over its minibatches; the explained variance, the learning rate and SPS. A non-finite loss (in any
+        minibatch) or weight stops the run. Then a snapshot of this complete iteration, what a stop or an error
+        saves later, written every --save-interval iterations."""
         self.global_step = global_step
         weights_finite = torch.stack([p.isfinite().all() for p in agent.parameters()]).all()
-        names = list(stats[0])  # every minibatch's stats have the same names
-        means = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats]).mean(0)
-        last = torch.stack([explained_var, weights_finite.float()])
-        *means, explained_var, weights_finite = torch.cat([means, last]).tolist()
-        losses = dict(zip(names, means), explained_variance=explained_var)
-        if not (np.isfinite(losses["loss"]) and weights_finite):
+        names = list(stats[0])  # every minibatch's stats have the same names: a table (minibatches, names)
+        table = torch.stack([torch.stack([mb_stats[name] for name in names]) for mb_stats in stats])
+        once = torch.stack([explained_var, weights_finite.float()])
+        *values, explained_var, weights_finite = torch.cat([table[-1], table.mean(0), once]).tolist()
+        losses = dict(zip(names + [f"mean/{name}" for name in names], values), explained_variance=explained_var)
+        losses["clipfrac"] = losses["mean/clipfrac"]
+        if not (np.isfinite(losses["mean/loss"]) and weights_finite):
             kept = "; the last complete iteration's checkpoint is kept" if self.args.save_model else ""
             advice = f"lower --learning-rate or --max-grad-norm{kept}"
             raise SystemExit(f"error: the loss diverged at iteration {iteration}: {advice}")
@@ -995,14 +1010,7 @@ def set_rng_states(states: dict) -> None:
     torch.cuda.set_rng_state_all(states.get("cuda", []))  # none where there is no GPU, or none was saved
 
 
-def make_checkpoint(
-    args: Args,
-    run_name: str,
-    agent: nn.Module,
-    optimizer,
-    iteration: int,
-    global_step: int,
-) -> dict:
+def make_checkpoint(args: Args, run_name: str, agent: nn.Module, optimizer, iteration: int, global_step: int) -> dict:
     return {
         "script": SCRIPT,
         "args": asdict(args),
@@ -1026,11 +1034,16 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
     (own_checkpoint), or a new run where there is none; a run it finds complete is said in one line, and
     nothing starts."""
     argv = sys.argv[1:] if argv is None else argv
-    resume = None
-    for i, arg in enumerate(argv):  # the last --resume given, the one tyro keeps
-        flag, _, value = arg.partition("=")
-        if flag == "--resume" and (value or i + 1 < len(argv)):
-            resume = value or argv[i + 1]
+    given = {}  # the value after each --flag, the last one given (the one tyro keeps)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (equals or i + 1 < len(argv)):
+            given[flag.replace("_", "-")] = value if equals else argv[i + 1]
+    for f in fields(Args):  # a choice tyro would refuse in a box of several lines: one line instead
+        flag, choices = f"--{f.name.replace('_', '-')}", tuple(map(str, typing.get_args(f.type)))
+        if typing.get_origin(f.type) is typing.Literal and given.get(flag, choices[0]) not in choices:
+            raise SystemExit(f"error: {flag}={given[flag]} must be one of {', '.join(choices)}")
+    resume = given.get("--resume")
     path, checkpoint = resume, None
     if resume == "auto":
         path, checkpoint = own_checkpoint(tyro.cli(Args, args=argv))

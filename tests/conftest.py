@@ -4,6 +4,7 @@ import contextlib
 import glob
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 
@@ -20,19 +22,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# CleanRL's metric names and the total loss, written once per iteration (episode charts once an episode ends)
-ITERATION_TAGS = {
-    "charts/SPS",
-    "charts/learning_rate",
-    "losses/value_loss",
-    "losses/policy_loss",
-    "losses/entropy",
-    "losses/old_approx_kl",
-    "losses/approx_kl",
-    "losses/loss",
-    "losses/clipfrac",
-    "losses/explained_variance",
-}
+# CleanRL's metric names and the total loss, written once per iteration (episode charts once an episode ends): the
+# iteration's last minibatch's losses (clipfrac: the mean), and under losses/mean/ every one's mean over its minibatches
+LOSS_STATS = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "loss", "clipfrac")
+ITERATION_TAGS = {"charts/SPS", "charts/learning_rate", "losses/explained_variance"}
+ITERATION_TAGS |= {f"losses/{name}" for name in LOSS_STATS} | {f"losses/mean/{name}" for name in LOSS_STATS}
 EPISODE_TAGS = {"charts/episodic_return", "charts/episodic_length"}
 
 
@@ -407,6 +401,65 @@ def assert_non_finite_loss_stops_and_keeps_last_good_checkpoint(script, monkeypa
     checkpoint = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)
     assert checkpoint["iteration"] == 2
     assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
+
+
+TERM = 1000.0  # a constant added to a loss, far above the loss itself: it moves no gradient
+
+
+def with_a_term_added_last(script, name: str):
+    """`script.<name>`, a loss function, as a forker extends it: `loss = loss + TERM` on the line before its return,
+    after its stats were made."""
+    lines = textwrap.dedent(inspect.getsource(getattr(script, name))).splitlines()
+    at = max(i for i, line in enumerate(lines) if line.lstrip().startswith("return loss"))
+    lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + f"loss = loss + {TERM}")
+    namespace = dict(vars(script))
+    exec(compile("\n".join(lines), script.__file__, "exec"), namespace)
+    return namespace[name]
+
+
+def assert_logged_losses(script, monkeypatch, prefixes: dict | None = None, **args) -> dict:
+    """Run `script.main` for 2 iterations with TERM added last to each loss function of `prefixes` (its name -> the
+    prefix of its tags; minibatch_loss's losses/ by default) and compare the events with every minibatch's stats.
+    A stat's <prefix><name> is the value of the last minibatch before it was logged (clipfrac: the mean), as CleanRL
+    logs its losses; <prefix>mean/<name> the mean over those minibatches; <prefix>loss is the loss returned, the term
+    added last included. Returns the run's scalars."""
+    prefixes = prefixes or {"minibatch_loss": "losses/"}
+    calls = {name: [[], []] for name in prefixes}  # each loss function's stats, call by call, in iteration 1 and 2
+    iteration = [0]
+    for name in prefixes:
+        extended = with_a_term_added_last(script, name)
+
+        def recorded(*call_args, extended=extended, name=name, **kwargs):
+            loss, stats = extended(*call_args, **kwargs)
+            assert torch.equal(stats["loss"], loss.detach()) and loss.item() > TERM / 2
+            calls[name][iteration[0]].append(stats)
+            return loss, stats
+
+        monkeypatch.setattr(script, name, recorded)
+    record = script.Run.record
+
+    def counted(*record_args, **kwargs):
+        record(*record_args, **kwargs)
+        iteration[0] += 1
+
+    monkeypatch.setattr(script.Run, "record", counted)
+    total_timesteps = 2 * args["num_envs"] * args["num_steps"]
+    run_args = script.Args(**args, total_timesteps=total_timesteps, progress=False, threads=1)
+    run_args.exp_name = "logged"
+    script.main(run_args)
+    (run_dir,) = glob.glob("runs/*__logged__*")
+    scalars = read_scalars(run_dir)
+    for name, prefix in prefixes.items():
+        logged = [stats for stats in calls[name] if stats]  # the iterations in which it ran, one logged value each
+        assert logged and len(scalars[f"{prefix}loss"]) == len(logged), (name, scalars.get(f"{prefix}loss"))
+        for i, stats in enumerate(logged):
+            for stat in stats[0]:
+                mean = torch.stack([mb_stats[stat] for mb_stats in stats]).mean().item()
+                expected = {stat: mean if stat == "clipfrac" else stats[-1][stat].item(), f"mean/{stat}": mean}
+                for tag, value in expected.items():
+                    assert scalars[prefix + tag][i][1] == pytest.approx(value, rel=1e-6, abs=1e-7), (prefix + tag, i)
+            assert scalars[f"{prefix}loss"][i][1] > TERM / 2
+    return scalars
 
 
 def assert_same_seed_same_losses(script, **args) -> None:

@@ -14,6 +14,7 @@ from conftest import (
     ITERATION_TAGS,
     WANDB_OFFLINE,
     assert_evaluation_fires_after_a_lost_life,
+    assert_logged_losses,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     assert_videos_reached_the_wandb_run,
@@ -178,6 +179,12 @@ def test_training_replays_the_rollout(in_tmp, monkeypatch):
     """At a learning rate of 0 the minibatch loss gives back the rollout's own log-probabilities (KL 0): the frames and
     actions reach it as the rollout saw them."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
+
+
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """losses/<name> is the iteration's last minibatch's (clipfrac: the mean), as CleanRL logs them, losses/mean/<name>
+    the mean, and a term a forker adds to the loss after its stats were made is in losses/loss."""
+    assert_logged_losses(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 def test_evaluation_presses_fire_after_a_lost_life(tmp_path, monkeypatch):

@@ -56,7 +56,7 @@ def test_every_kind_of_bad_number_is_one_line_naming_the_flag(name):
     assert len(kinds) >= 15, f"{name} checks only {len(kinds)} kinds"
     for argv, refused in kinds:
         with pytest.raises(SystemExit) as refusal:
-            tyro.cli(script.Args, args=argv)
+            script.cli(argv)  # the command line's parser: tyro's, and a choice it would refuse in a box checked first
         message = str(refusal.value.code)
         assert message.startswith(f"error: {refused} must be ") and "\n" not in message, (argv, message)
 

@@ -15,6 +15,7 @@ from conftest import (
     NO_DISPLAY,
     WANDB_OFFLINE,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
+    assert_logged_losses,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
@@ -320,6 +321,12 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     """Training sees the observations normalised by the statistics the rollout used (frozen for its length, updated
     after it): at a learning rate of 0, KL 0 in every minibatch."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2)
+
+
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """losses/<name> is the iteration's last minibatch's (clipfrac: the mean), as CleanRL logs them, losses/mean/<name>
+    the mean, and a term a forker adds to the loss after its stats were made is in losses/loss."""
+    assert_logged_losses(p, monkeypatch, num_envs=2, num_steps=32, num_minibatches=2)
 
 
 def test_compiled_loss_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):

@@ -69,7 +69,7 @@ def test_transformer_cached_steps_equal_windowed_one_pass_on_cuda(monkeypatch):
         memory, steps = agent.initial_memory(3, device), []
         for t in range(30):
             if t == 13:  # a second rollout starts here, from a copy of the memory (the ring's slot is not 0)
-                second_rollout_memory = tuple(x.clone() for x in memory)
+                second_rollout_memory = {name: x.clone() for name, x in memory.items()}
             hidden, memory = agent.get_states(frames[t], memory, starts[t])
             steps.append(hidden)
         first = agent.get_states_sequence(frames[:13], agent.initial_memory(3, device), starts[:13])

@@ -17,6 +17,7 @@ from conftest import (
     NO_DISPLAY,
     WANDB_OFFLINE,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
+    assert_logged_losses,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
@@ -440,6 +441,12 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch, prev_action, 
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=48, num_minibatches=2, **flags)
 
 
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """losses/<name> is the iteration's last minibatch's (clipfrac: the mean), as CleanRL logs them, losses/mean/<name>
+    the mean, and a term a forker adds to the loss after its stats were made is in losses/loss."""
+    assert_logged_losses(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2, recall_lags=2)
+
+
 @pytest.mark.parametrize("context_steps, long_memory", [(5, "none"), (30, "gate"), (48, "decay")])
 def test_training_with_context_replays_the_rollout_exactly(in_tmp, monkeypatch, context_steps, long_memory):
     """--context-steps: training recomputes the memory from that many steps before the rollout, from the memory
@@ -659,6 +666,8 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
         (["--resume", "missing.pt"], ["--resume=missing.pt"]),
         (["--save-interval", "0"], ["--save-interval=0"]),
         (["--recall-lags", "-1"], ["--recall-lags=-1", "at least 0"]),
+        (["--long-memory", "lstm"], ["--long-memory=lstm", "one of none, decay, gate"]),
+        (["--long_memory=gates"], ["--long-memory=gates", "one of none, decay, gate"]),
         (["--num-envs", "2", "--num-minibatches", "2", "--num-steps", "1"], ["--num-minibatches=2", "--norm-adv"]),
     ],
 )

@@ -10,6 +10,7 @@ from conftest import (
     ITERATION_TAGS,
     NO_DISPLAY,
     assert_ctrl_c_keeps_logs_and_a_checkpoint,
+    assert_logged_losses,
     assert_non_finite_loss_stops_and_keeps_last_good_checkpoint,
     assert_one_line_error,
     assert_same_seed_same_losses,
@@ -64,7 +65,9 @@ def test_auxiliary_phase_at_learning_rate_0_changes_no_weight():
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.0, eps=1e-5)
     before = all_weights(agent)
     stats = p.auxiliary_phase(agent, optimizer, args)
-    assert len(stats) == 3 and stats["aux_value_loss"] > 0  # it ran, with a real auxiliary value error
+    names = ("kl_loss", "aux_value_loss", "real_value_loss", "loss")  # the last minibatch's, and their means
+    assert set(stats) == {*names, *(f"mean/{name}" for name in names)}
+    assert stats["aux_value_loss"] > 0  # it ran, with a real auxiliary value error
     for x, y in zip(before, all_weights(agent), strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
@@ -154,6 +157,13 @@ def test_resume_restores_the_stored_phase(in_tmp, monkeypatch):
 
 def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     assert_training_replays_the_rollout(p, monkeypatch, **CARTPOLE)
+
+
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """Both phases' stats are logged as CleanRL logs its losses, the last minibatch's, with their means under mean/
+    (2 iterations: one auxiliary phase, losses/aux/...), and a term a forker adds to either loss after its stats were
+    made is in its logged total, losses/loss or losses/aux/loss."""
+    assert_logged_losses(p, monkeypatch, {"minibatch_loss": "losses/", "auxiliary_loss": "losses/aux/"}, **CARTPOLE)
 
 
 def test_same_seed_same_losses(in_tmp):

@@ -12,6 +12,7 @@ from conftest import (
     EPISODE_TAGS,
     ITERATION_TAGS,
     assert_evaluation_fires_after_a_lost_life,
+    assert_logged_losses,
     assert_one_line_error,
     assert_training_replays_the_rollout,
     copy_alone,
@@ -50,8 +51,8 @@ def random_starts(steps: int, num_envs: int, reset_prob: float, seed: int = 0) -
     return starts
 
 
-def copy(memory: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(x.clone() for x in memory)
+def copy(memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: x.clone() for name, x in memory.items()}
 
 
 def heads(agent, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +75,7 @@ def run_steps(agent, frames: torch.Tensor, starts: torch.Tensor, memory=None):
 
 
 @torch.no_grad()
-def run_sequence(agent, frames: torch.Tensor, memory: tuple[torch.Tensor, ...], starts: torch.Tensor):
+def run_sequence(agent, frames: torch.Tensor, memory: dict[str, torch.Tensor], starts: torch.Tensor):
     """The training's way: the whole sequence in one pass. Returns logits (T, B, A) and values (T, B)."""
     return heads(agent, agent.get_states_sequence(frames, memory, starts))
 
@@ -123,7 +124,7 @@ def test_cached_steps_equal_windowed_one_pass(lookback, n_layers, n_heads, lengt
     first, second = lengths
     frames, starts = random_frames(first + second, 3), random_starts(first + second, 3, reset_prob)
     logits, values, memories = run_steps(agent, frames, starts)
-    assert {tuple(kv.shape) for kv, _, _ in memories} == {(n_layers, 2, 3, n_heads, lookback + 1, 16 // n_heads)}
+    assert {tuple(memory["kv"].shape) for memory in memories} == {(n_layers, 2, 3, n_heads, lookback + 1, 16 // n_heads)}
     for begin, end in ((0, first), (first, first + second)):
         seq_logits, seq_values = run_sequence(agent, frames[begin:end], memories[begin], starts[begin:end])
         torch.testing.assert_close(seq_logits, logits[begin:end], rtol=0, atol=1e-5)
@@ -149,7 +150,7 @@ def test_rollout_and_training_calls_agree(lookback):
         torch.testing.assert_close(logprobs, reference.log_prob(actions), rtol=0, atol=1e-5)
         torch.testing.assert_close(entropies, reference.entropy(), rtol=0, atol=1e-5)
         torch.testing.assert_close(step_values, values, rtol=0, atol=1e-5)
-        torch.testing.assert_close(memory[0], memories[-1][0], rtol=0, atol=0)
+        torch.testing.assert_close(memory["kv"], memories[-1]["kv"], rtol=0, atol=0)
         sequence = agent.get_action_and_value_sequence(frames, memories[0], starts, actions)
     assert sequence[0] is actions
     for got, expected in zip(sequence[1:], (logprobs, entropies, step_values)):
@@ -201,9 +202,9 @@ def test_a_step_whose_memory_is_dropped_changes_nothing(lookback):
         for t in range(10):
             if t in (4, 5, 9):
                 agent.get_value(peek_frames, memory, torch.zeros(2, dtype=torch.bool))  # its memory is dropped
-            kv = memory[0]
+            kv = memory["kv"]
             hidden, memory = agent.get_states(frames[t], memory, starts[t])
-            assert memory[0].data_ptr() == kv.data_ptr()  # written in place
+            assert memory["kv"].data_ptr() == kv.data_ptr()  # written in place
             logit, value = heads(agent, hidden)
             torch.testing.assert_close(logit, logits[t], rtol=0, atol=0)
             torch.testing.assert_close(value, values[t], rtol=0, atol=0)
@@ -225,7 +226,8 @@ def test_bf16_keeps_a_float32_memory_and_the_layout_follows_it():
     memory = agent.initial_memory(2, torch.device("cpu"))
     with torch.no_grad():
         hidden, next_memory = agent.get_states(frames[0], memory, starts[0])
-    assert hidden.dtype == next_memory[0].dtype == torch.float32 and next_memory[0].data_ptr() == memory[0].data_ptr()
+    assert hidden.dtype == next_memory["kv"].dtype == torch.float32
+    assert next_memory["kv"].data_ptr() == memory["kv"].data_ptr()
     logits, values, memories = run_steps(agent, frames, starts)
     seq_logits, seq_values = run_sequence(agent, frames, memories[0], starts)
     torch.testing.assert_close(seq_logits, logits, rtol=0, atol=0.05)
@@ -253,6 +255,12 @@ def test_training_replays_the_rollout_exactly(in_tmp, monkeypatch):
     """Training sees the frames, the memory at the rollout's start and the episode masks that the rollout saw: at a
     learning rate of 0, KL 0 in every minibatch."""
     assert_training_replays_the_rollout(p, monkeypatch, num_envs=4, num_steps=32, num_minibatches=2)
+
+
+def test_logged_losses_are_the_last_minibatchs_their_means_and_the_loss_returned(in_tmp, monkeypatch):
+    """losses/<name> is the iteration's last minibatch's (clipfrac: the mean), as CleanRL logs them, losses/mean/<name>
+    the mean, and a term a forker adds to the loss after its stats were made is in losses/loss."""
+    assert_logged_losses(p, monkeypatch, num_envs=2, num_steps=16, num_minibatches=2)
 
 
 def test_truncated_games_bootstrap_from_their_final_frame_with_their_memory(in_tmp, monkeypatch):
