@@ -692,7 +692,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 episode_starts[step] = next_done
                 prev_actions[step] = action
 
-                with torch.no_grad():  # the observation statistics stay frozen for the whole rollout
+                with torch.inference_mode():  # no autograd records (faster than no_grad); statistics frozen
                     x = agent.observe(next_obs, action, next_done)
                     action, logprob, _, value, memory = get_action_and_value(x, memory, next_done)
                 values[step] = value
@@ -706,7 +706,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     # bootstrap a truncated episode from the value of its final observation
                     zeros = np.zeros(obs_dim)
                     final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
-                    with torch.no_grad():
+                    with torch.inference_mode():
                         final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
                         no_start = torch.zeros_like(next_done)  # seen with that episode's memory
                         final_value = agent.get_value(agent.observe(final_obs, action, no_start), memory, no_start)
