@@ -9,6 +9,7 @@ its start, episode boundaries masked. POPGym's tasks with discrete actions run t
     python ppo_fsmn_cartpole.py                     # CartPole-v1 on the CPU
     python ppo_fsmn_cartpole.py --mask-velocity     # observation [x, theta]: memory is required
     python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym memory task
+    python ppo_fsmn_cartpole.py --env-id mypackage:MyTask-v0   # an env that importing mypackage registers
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
@@ -18,6 +19,7 @@ import contextlib
 import copy
 import glob
 import hashlib
+import importlib
 import math
 import os
 import random
@@ -109,7 +111,7 @@ class Args:
 
     # ALGO LOGIC: algorithm arguments
     env_id: str = "CartPole-v1"
-    """the id of the environment (a gymnasium id with a Discrete action space, or a POPGym task)"""
+    """the id of the environment (Discrete actions): gymnasium's, POPGym's, or package:Env-v0 (imports package)"""
     mask_velocity: bool = False
     """hide the cart and pole velocities (CartPole only): the observation becomes [x, theta]"""
     total_timesteps: int = 150_000
@@ -218,7 +220,8 @@ class Args:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_velocity: bool):
-    """video_path: the videos' folder and the start of their names, videos/<run_name>/rl-video."""
+    """env_id: as gymnasium.make takes it, package:Env-v0 included (it imports package, which registers Env-v0).
+    video_path: the videos' folder and the start of their names, videos/<run_name>/rl-video."""
 
     def thunk():
         if capture_video and idx == 0:
@@ -238,6 +241,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
         # is dropped; these tasks draw no frames, so no video is lost)
         if isinstance(env.action_space, gym.spaces.MultiDiscrete):
             env = DiscreteAction(env.unwrapped)
+        kept, left_out = observation_parts(env.observation_space)
+        if left_out:  # a mission string beside a grid, say: the network sees the rest (check_env_args says so)
+            env = gym.wrappers.FilterObservation(env, kept)
         observations = env.observation_space
         flat = isinstance(observations, gym.spaces.Box) and len(observations.shape) == 1
         if not flat:  # POPGym's cards, counts, grids
@@ -248,16 +254,53 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_path: str, mask_v
     return thunk
 
 
+def can_flatten(space: gym.spaces.Space) -> bool:
+    """gymnasium's `is_np_flattenable`; False where a space of a package's own does not say, as MiniGrid's mission
+    string (a plain Space[str]) does not."""
+    try:
+        return space.is_np_flattenable
+    except NotImplementedError:
+        return False
+
+
+def observation_parts(observations: gym.spaces.Space) -> tuple[list, list]:
+    """A Dict's keys or a Tuple's indices: those of the parts gymnasium can flatten, and those of the others,
+    which make_env leaves out. One level: a Dict or Tuple inside that holds such a part is left out whole. Any
+    other space has no parts: ([], [])."""
+    keys = []
+    if isinstance(observations, gym.spaces.Dict):
+        keys = list(observations.keys())
+    elif isinstance(observations, gym.spaces.Tuple):
+        keys = list(range(len(observations)))
+    flattenable = {key: can_flatten(observations[key]) for key in keys}
+    return [key for key in keys if flattenable[key]], [key for key in keys if not flattenable[key]]
+
+
 def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
-    """One clear line for an env this script cannot run: an unknown id, actions neither Discrete nor POPGym's
-    MultiDiscrete, observations gymnasium cannot flatten, a video of an env that draws no frames."""
-    if env_id not in gym.registry:
-        if env_id.startswith("popgym-Labyrinth") and not popgym.envs.has_mazelib():
+    """One clear line for an env this script cannot run: an unknown id, a package that cannot be imported,
+    actions neither Discrete nor POPGym's MultiDiscrete, observations with no part gymnasium can flatten, a video
+    of an env that draws no frames. One line more names the observation's parts left out (observation_parts)."""
+    # gymnasium's package:Env-v0: gymnasium.make imports package (importlib, as here), which registers Env-v0;
+    # imported here first, so that a package that fails to import is one line, not make's traceback
+    module, colon, name = env_id.rpartition(":")
+    if colon:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # missing, or failing in its own code
+            first_line = str(e).partition("\n")[0]
+            why = f"cannot import {module} ({type(e).__name__}: {first_line})"
+            accepted = "a gymnasium id, or package:Env-v0 where importing package registers Env-v0"
+            raise SystemExit(f"error: --env-id={env_id}: {why}; it takes {accepted}") from None
+    if name not in gym.registry:
+        if colon:
+            why = f"not an id that importing {module} registers (see gymnasium.pprint_registry())"
+        elif name.startswith("popgym-Labyrinth") and not popgym.envs.has_mazelib():
             why = "a POPGym maze, registered only where the package mazelib is installed"
-        elif env_id.startswith("popgym-"):
+        elif name.startswith("popgym-"):
             why = "not a POPGym id, popgym-<Task><Easy|Medium|Hard>-v0 (see gymnasium.pprint_registry())"
         else:
-            why = "not a registered gymnasium id (see gymnasium.pprint_registry())"
+            registered = "not a registered gymnasium id (see gymnasium.pprint_registry())"
+            why = f"{registered}; one that a package registers on import is spelled package:{name}"
         raise SystemExit(f"error: --env-id={env_id} is {why}")
     env = gym.make(env_id)
     env.close()
@@ -268,16 +311,22 @@ def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False
             f"error: --env-id={env_id} has {actions} actions; "
             f"{SCRIPT}.py needs Discrete actions or POPGym's MultiDiscrete ones (Box: ppo_continuous.py)"
         )
-    if not observations.is_np_flattenable:
+    kept, left_out = observation_parts(observations)
+    if not (can_flatten(observations) or kept):
         raise SystemExit(
-            f"error: --env-id={env_id} has {observations} observations; "
-            f"{SCRIPT}.py needs one gymnasium can flatten (Box, Discrete, MultiDiscrete, Tuple, Dict)"
+            f"error: --env-id={env_id} has {observations} observations; {SCRIPT}.py needs one gymnasium can "
+            "flatten (Box, Discrete, MultiDiscrete, Tuple, Dict), or a Dict or Tuple with such a part"
         )
-    if mask_velocity and not env_id.startswith("CartPole"):
+    if mask_velocity and not name.startswith("CartPole"):
         raise SystemExit(f"error: --mask-velocity applies to CartPole ids only, not --env-id={env_id}")
     modes = env.metadata.get("render_modes", [])
     if capture_video and "rgb_array" not in modes:
         raise SystemExit(f"error: --capture-video needs frames; --env-id={env_id} draws none (modes: {modes})")
+    if left_out:
+        parts = ", ".join(f"{key!r} ({observations[key]})" for key in left_out)
+        several = len(left_out) > 1
+        left = f"observation part{'s' * several} {parts} left out"
+        print(f"note: --env-id={env_id}: {left}: gymnasium cannot flatten {'them' if several else 'it'}")
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:

@@ -824,6 +824,157 @@ def test_a_checkpoint_with_the_older_memory_flags_resumes_and_evaluates(tmp_path
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Envs that a package registers on import (--env-id package:Env-v0); observation parts gymnasium cannot flatten
+
+# A package of its own, as third-party gymnasium envs ship: importing it registers its env
+TINY_PACKAGE = """
+import gymnasium as gym
+import numpy as np
+
+
+class TinyMemory(gym.Env):
+    \"\"\"One of two cues at the first step, blanks after; the fourth and last step pays 1 for naming the cue.\"\"\"
+
+    observation_space, action_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cue, self.t = int(self.np_random.integers(2)), 0
+        return np.eye(2, dtype=np.float32)[self.cue], {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float(self.t == 4 and action == self.cue), self.t == 4, False, {}
+
+
+gym.register("TinyMemory-v0", entry_point="tinypkg:TinyMemory")
+"""
+
+
+@pytest.mark.smoke
+def test_an_env_that_a_package_registers_on_import_trains_saves_and_evaluates(tmp_path):
+    """--env-id tinypkg:TinyMemory-v0, with tinypkg on sys.path beside a copy of the script (a researcher's project)
+    and imported by nothing else: two iterations, the run folder named after the id (its colon included), a
+    checkpoint that evaluates in a process of its own."""
+    cwd = str(tmp_path)
+    script = copy_alone(SCRIPT, cwd)
+    (tmp_path / "tinypkg").mkdir()
+    (tmp_path / "tinypkg" / "__init__.py").write_text(TINY_PACKAGE)
+    flags = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    flags += ["--env-id", "tinypkg:TinyMemory-v0", "--total-timesteps", "64", "--threads", "1", "--save-model"]
+    result = run_script(script, *flags, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    assert os.path.basename(run_dir).startswith("tinypkg:TinyMemory-v0__ppo_fsmn_cartpole__1__")
+    assert ITERATION_TAGS | EPISODE_TAGS <= set(read_scalars(run_dir))
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    assert (checkpoint["global_step"], checkpoint["args"]["env_id"]) == (64, "tinypkg:TinyMemory-v0")
+    result = run_script(script, "--eval-checkpoint", checkpoint_path, "--eval-episodes", "2", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval: 2 episodes, mean return" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "env_id, fragments",
+    [
+        ("nosuchpackage:TinyMemory-v0", ["cannot import nosuchpackage (ModuleNotFoundError", "package:Env-v0"]),
+        ("json:TinyMemory-v0", ["not an id that importing json registers", "pprint_registry"]),
+        ("TinyMemory-v0", ["not a registered gymnasium id", "package:TinyMemory-v0"]),
+    ],
+)
+def test_a_package_that_cannot_be_imported_or_registers_no_such_id_is_one_line(tmp_path, env_id, fragments):
+    assert_one_line_error(run_script(SCRIPT, "--env-id", env_id, cwd=str(tmp_path)), f"--env-id={env_id}", *fragments)
+    assert os.listdir(tmp_path) == []  # refused before anything is written
+
+
+def test_a_package_that_fails_in_its_own_code_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "brokenpkg.py").write_text("raise RuntimeError('needs a display\\nand more')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refused = r"^error: --env-id=brokenpkg:X-v0: cannot import brokenpkg \(RuntimeError: needs a display\); it takes [^\n]*$"
+    with pytest.raises(SystemExit, match=refused):
+        p.check_env_args("brokenpkg:X-v0", mask_velocity=False)
+
+
+class MissionSpace(gym.spaces.Space):
+    """A mission string, as MiniGrid's: a plain Space[str], which does not say whether gymnasium can flatten it."""
+
+    def __init__(self):
+        super().__init__(dtype=str)
+
+    def sample(self, mask=None, probability=None):
+        return "get the ball"
+
+    def contains(self, x):
+        return isinstance(x, str)
+
+    def __repr__(self):
+        return "MissionSpace()"
+
+
+class PartsEnv(gym.Env):
+    """Random observations of the space it is given, episodes of 5 steps."""
+
+    def __init__(self, observation_space):
+        self.observation_space, self.action_space = observation_space, gym.spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action == 0), self.t == 5, False, {}
+
+
+def register_parts_env(env_id: str, observation_space: gym.spaces.Space) -> None:
+    gym.register(env_id, entry_point=PartsEnv, kwargs=dict(observation_space=observation_space))
+
+
+def test_a_dict_observation_trains_on_its_parts_gymnasium_can_flatten(in_tmp, capsys):
+    """A gridworld's observation, an image, a direction and a mission string: the mission is left out, with one line
+    that names it, and the network's input is the flattened image and direction."""
+    kept = dict(image=gym.spaces.Box(0, 10, (3, 3, 2), np.uint8), direction=gym.spaces.Discrete(4))
+    register_parts_env("MissionGrid-v0", gym.spaces.Dict(kept, mission=MissionSpace()))
+    args = p.Args(env_id="MissionGrid-v0", num_envs=2, num_steps=8, total_timesteps=16, num_minibatches=2, progress=False)
+    args.save_model, args.update_epochs = True, 1
+    p.main(args)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    gone = "observation part 'mission' (MissionSpace()) left out: gymnasium cannot flatten it"
+    assert notes == [f"note: --env-id=MissionGrid-v0: {gone}"]
+    model = torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)["model"]
+    obs_dim = gym.spaces.flatdim(gym.spaces.Dict(kept))  # 18 + 4
+    assert model["obs_norm.mean"].shape == (obs_dim,)
+    assert model["embed.weight"].shape[1] == obs_dim + 3  # and the previous action, one-hot
+
+    # the network's input is gymnasium's flattening of those parts, the mission aside
+    env, raw = p.make_env("MissionGrid-v0", 0, False, "", False)(), gym.make("MissionGrid-v0")
+    obs, _ = env.reset(seed=0)
+    raw_obs, _ = raw.reset(seed=0)
+    expected = gym.spaces.flatten(gym.spaces.Dict(kept), {key: raw_obs[key] for key in kept}).astype(np.float32)
+    np.testing.assert_array_equal(obs, expected)
+
+
+def test_a_tuple_observation_loses_only_its_parts_gymnasium_cannot_flatten(capsys):
+    """A Tuple's parts by index; a Text part stays (gymnasium flattens it to its character codes), a Sequence
+    goes; a Dict with no part gymnasium can flatten is refused in one line."""
+    parts = [gym.spaces.Discrete(3), gym.spaces.Sequence(gym.spaces.Discrete(2)), gym.spaces.Text(4)]
+    register_parts_env("PartsTuple-v0", gym.spaces.Tuple(parts))
+    p.check_env_args("PartsTuple-v0", mask_velocity=False)
+    gone = f"observation part 1 ({parts[1]}) left out: gymnasium cannot flatten it"
+    assert capsys.readouterr().out == f"note: --env-id=PartsTuple-v0: {gone}\n"
+    env = p.make_env("PartsTuple-v0", 0, False, "", False)()
+    assert env.observation_space.shape == (gym.spaces.flatdim(gym.spaces.Tuple([parts[0], parts[2]])),)  # 3 + 4
+    assert env.reset(seed=0)[0].shape == env.observation_space.shape
+
+    register_parts_env("OnlyMission-v0", gym.spaces.Dict(mission=MissionSpace()))
+    with pytest.raises(SystemExit, match=r"^error: --env-id=OnlyMission-v0 has Dict\(.*\) observations; .*such a part$"):
+        p.check_env_args("OnlyMission-v0", mask_velocity=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Learning
 
 
