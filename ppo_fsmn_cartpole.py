@@ -124,6 +124,8 @@ class Args:
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
     """Toggle learning rate annealing for policy and value networks"""
+    anneal_clip: bool = True
+    """anneal the surrogate clipping coefficient (and the value clip) linearly to 0 as well: late updates stay small"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
@@ -132,8 +134,9 @@ class Args:
     """the number of mini-batches (formed over environments: it must divide num_envs)"""
     update_epochs: int = 10
     """the K epochs to update the policy"""
-    norm_adv: bool = True
-    """Toggles advantages normalization"""
+    norm_adv: bool = False
+    """Toggles advantages normalization (off: with --norm-reward the advantages are already on a steady scale, and
+    normalising a minibatch whose advantages are all near zero, a solved CartPole's, would blow its noise up)"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -146,6 +149,10 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold (stop the epochs of an iteration early past it)"""
+    norm_reward: bool = True
+    """scale rewards by the running std of the discounted return (saved in checkpoints)"""
+    reward_clip: float = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
     context_steps: int = 0
     """training replays this many steps before each rollout too (at most --num-steps), with gradient through
     the memory, from the memory of that earlier step: an episode begun that far back is trained from its start"""
@@ -205,6 +212,7 @@ class Args:
                 f"a divisor of --num-envs={self.num_envs}",
             ),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
+            ("reward_clip", 0 < self.reward_clip < math.inf, "a positive number"),
             ("context_steps", 0 <= self.context_steps <= self.num_steps, "in [0, --num-steps]"),
             ("hidden_dim", self.hidden_dim >= 1, "at least 1"),
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
@@ -360,6 +368,29 @@ class RunningNorm(nn.Module):
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
+class RewardScale(nn.Module):
+    """--norm-reward: rewards divided by the running std of the discounted return, not of the reward (Engstrom et
+    al. 2020, arXiv 2005.12729; gymnasium's NormalizeReward), then clipped to +-clip. The statistics are buffers,
+    saved in checkpoints; the running episodes' discounted returns go on from one rollout to the next."""
+
+    def __init__(self, gamma: float, clip: float):
+        super().__init__()
+        self.gamma, self.clip, self.discounted = gamma, clip, None
+        self.returns = RunningNorm(1)
+
+    def forward(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        """rewards, dones: (T, B), a rollout's; its discounted returns join the statistics first."""
+        self.discounted = np.zeros(rewards.shape[1]) if self.discounted is None else self.discounted
+        returns = np.zeros_like(rewards)
+        for t in range(len(rewards)):
+            self.discounted = self.discounted * self.gamma + rewards[t]
+            returns[t] = self.discounted
+            self.discounted = self.discounted * ~dones[t]  # a new episode's return starts from 0
+        self.returns.update(torch.as_tensor(returns, device=self.returns.mean.device).reshape(-1, 1))
+        std = np.float32(torch.sqrt(self.returns.var + self.returns.epsilon).item())
+        return np.clip(rewards / std, -self.clip, self.clip)
+
+
 def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """e_t = a_t * e_{t-1} + u_t over a sequence from e_{-1} = e, where a_t = decay (decay_t, per step), or 0 at
     an episode start. A linear recurrence, run as a parallel prefix scan (Hillis & Steele 1986) in log2(T) passes
@@ -497,6 +528,9 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
+        self.reward_scale = RewardScale(args.gamma, args.reward_clip) if args.norm_reward else None
+        # a checkpoint from before --norm-reward has no reward statistics: they start afresh
+        self.register_load_state_dict_post_hook(keep_missing_statistics)
         # --recall-lags's head: the input 1..K steps back, (K * input_dim), from the features; not in the policy
         self.recall_lags, input_dim = args.recall_lags, obs_dim + n_actions * args.prev_action
         self.recall = None
@@ -570,6 +604,11 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), features
 
 
+def keep_missing_statistics(module: nn.Module, keys) -> None:
+    """load_state_dict's post hook: reward statistics a checkpoint lacks keep their initial values."""
+    keys.missing_keys[:] = [key for key in keys.missing_keys if not key.startswith("reward_scale.")]
+
+
 def recall_loss(predicted: torch.Tensor, x: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
     """--recall-lags's loss: the mean squared error of predicted[t, b, k-1] against x[t-k, b], the input k steps
     back, over k = 1..K and the steps whose step t-k is in the sequence and in the same episode.
@@ -628,7 +667,7 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The PPO loss of whole env sequences (T, mb_envs, ...) named in `mb`, replayed in one pass from
-    --context-steps before the rollout's start.
+    --context-steps before the rollout's start; mb["clip_coef"] (1, mb_envs) is the iteration's clip coefficient.
     Returns the loss and its stats by name, without a host sync."""
     _, newlogprob, entropy, newvalue, features = agent.get_action_and_value_sequence(
         x=mb["obs"], memory=mb["memory"], episode_starts=mb["starts"], action=mb["actions"], context=args.context_steps
@@ -639,18 +678,18 @@ def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tup
         # calculate approx_kl http://joschu.net/blog/kl-approx.html
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > mb["clip_coef"]).float().mean()
     mb_advantages, mb_returns, mb_values = mb["advantages"], mb["returns"], mb["values"]
     if args.norm_adv:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     # Policy loss
     pg_loss1 = -mb_advantages * ratio
-    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - mb["clip_coef"], 1 + mb["clip_coef"])
     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
     # Value loss
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - mb_returns) ** 2
-        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -mb["clip_coef"], mb["clip_coef"])
         v_loss_clipped = (v_clipped - mb_returns) ** 2
         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
@@ -700,8 +739,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # TRY NOT TO MODIFY: resume
     global_step = run.restore(agent, optimizer)  # 0, or the checkpoint's; iterations() goes on from its next
 
-    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...)
-    # what the env returns stays in numpy until the rollout ends
+    # ALGO LOGIC: storage setup, (num_steps, num_envs, ...); what the env returns stays in numpy until the rollout ends
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     prev_actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)  # a[t-1]
@@ -724,10 +762,11 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     # TRY NOT TO MODIFY: start the game (loggers, Ctrl-C flag; at its end, the logs and last checkpoint kept)
     with run.start(envs):
         for iteration in run.iterations():
-            # ALGO LOGIC: annealing the rate if instructed to do so
+            # ALGO LOGIC: annealing the rate (and the clip coefficient) if instructed to do so
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
             if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            clip_coef = torch.full((1, args.num_envs), args.clip_coef * (frac if args.anneal_clip else 1.0), device=device)
 
             # ALGO LOGIC: rollout
             initial_memory = memory.clone()  # training replays each sequence from here (or its context)
@@ -764,6 +803,10 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 next_done = torch.as_tensor(termination | truncation, device=device)
                 run.log_episodes(infos, global_step)
 
+            # ALGO LOGIC: rewards divided by the running std of the discounted return (its statistics updated first)
+            if args.norm_reward:
+                rewards_np = agent.reward_scale(rewards_np, terminations_np | truncations_np)
+
             # ALGO LOGIC: bootstrap value and advantages
             rewards, terminations, truncations = (
                 torch.as_tensor(x, device=device) for x in (rewards_np, terminations_np, truncations_np)
@@ -792,10 +835,9 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
-            batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values)
+            batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values, clip_coef=clip_coef)
             batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen["starts"])
-            env_inds = np.arange(args.num_envs)
-            envs_per_minibatch = args.num_envs // args.num_minibatches
+            env_inds, envs_per_minibatch = np.arange(args.num_envs), args.num_envs // args.num_minibatches
             stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(env_inds)

@@ -108,9 +108,10 @@ class RecurrentPPOArgs:
     prev_action: bool = False
     """append the previous action to the observation (PreviousAction), as ppo_fsmn_cartpole.py --prev-action"""
     fsmn_settings: bool = False
-    """the PPO settings of ppo_fsmn_cartpole.py's defaults instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4
-    minibatches, gamma 0.99, GAE lambda 0.95, learning rate 1e-3 annealed, clip 0.2, observations normalised and
-    rewards not (the value loss unclipped, SB3's default, where the script clips it)"""
+    """the PPO settings of ppo_fsmn_cartpole.py's earlier defaults (run.py's FSMN_EARLIER, at which the POPGym presets
+    ran) instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4 minibatches, gamma 0.99, GAE lambda 0.95, learning
+    rate 1e-3 annealed, clip 0.2, advantages normalised, observations normalised and rewards not (the value loss
+    unclipped, SB3's default, where the script clips it)"""
     # with --fsmn-settings, any of ppo_fsmn_cartpole.py's PPO flags, so that the LSTM gets a tuned FSMN's settings
     learning_rate: float | None = None
     """with --fsmn-settings: the learning rate at the start (annealed linearly to 0)"""

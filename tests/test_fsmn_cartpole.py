@@ -390,6 +390,40 @@ def test_running_norm_matches_sb3_running_mean_std():
     np.testing.assert_allclose(norm(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected, rtol=1e-3, atol=1e-3)
 
 
+def test_reward_scale_divides_by_the_std_of_every_discounted_return_so_far():
+    """--norm-reward against a plain loop: each env's discounted return, restarted after every episode end and
+    carried from one rollout to the next; a rollout's rewards divided by the std of all those returns up to its end
+    (the prior count of 1e-4 is negligible here), then clipped."""
+    rng = np.random.default_rng(0)
+    scale, returns, running, clipped = p.RewardScale(gamma=0.9, clip=0.5), [], np.zeros(3), 0
+    for _ in range(3):  # rollouts of 5 steps in 3 envs
+        rewards, dones = rng.normal(1.0, 2.0, size=(5, 3)).astype(np.float32), rng.random((5, 3)) < 0.3
+        for t in range(5):
+            for env in range(3):
+                running[env] = running[env] * 0.9 + rewards[t, env]
+                returns.append(running[env])
+                running[env] = 0.0 if dones[t, env] else running[env]
+        scaled = scale(rewards.copy(), dones)
+        np.testing.assert_allclose(scaled, np.clip(rewards / np.std(returns), -0.5, 0.5), rtol=1e-4)
+        assert scaled.dtype == np.float32
+        clipped += (np.abs(scaled) == 0.5).sum()
+    assert 0 < clipped < 45  # the clip was met, not everywhere
+
+
+def test_a_checkpoint_from_before_norm_reward_loads_its_statistics_afresh():
+    """An agent with --norm-reward takes a state dict without reward statistics (a checkpoint of an earlier
+    version): the rest loads, the statistics keep their initial values; any other missing key is still refused."""
+    args = p.Args()
+    agent = p.Agent(4, 2, args)
+    old = {k: v for k, v in p.Agent(4, 2, replace(args, norm_reward=False)).state_dict().items()}
+    assert not any(k.startswith("reward_scale.") for k in old)
+    agent.load_state_dict(old)
+    assert torch.equal(agent.actor.weight, old["actor.weight"])
+    assert agent.reward_scale.returns.count.item() == pytest.approx(1e-4)
+    with pytest.raises(RuntimeError, match="actor.weight"):
+        agent.load_state_dict({k: v for k, v in old.items() if k != "actor.weight"})
+
+
 def test_checkpoint_carries_normalisation_and_evaluation_freezes_it(in_tmp, monkeypatch):
     args = p.Args(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2, progress=False)
     args.save_model = True
@@ -668,7 +702,10 @@ def test_ctrl_c_keeps_logs_and_a_checkpoint(tmp_path):
         (["--recall-lags", "-1"], ["--recall-lags=-1", "at least 0"]),
         (["--long-memory", "lstm"], ["--long-memory=lstm", "one of none, decay, gate"]),
         (["--long_memory=gates"], ["--long-memory=gates", "one of none, decay, gate"]),
-        (["--num-envs", "2", "--num-minibatches", "2", "--num-steps", "1"], ["--num-minibatches=2", "--norm-adv"]),
+        (
+            ["--num-envs", "2", "--num-minibatches", "2", "--num-steps", "1", "--norm-adv"],
+            ["--num-minibatches=2", "--norm-adv"],
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, flags, fragments):
