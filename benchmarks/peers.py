@@ -111,7 +111,8 @@ class RecurrentPPOArgs:
     """the PPO settings of ppo_fsmn_cartpole.py's earlier defaults (run.py's FSMN_EARLIER, at which the POPGym presets
     ran) instead of the zoo's: 8 envs x 64 steps, 10 epochs of 4 minibatches, gamma 0.99, GAE lambda 0.95, learning
     rate 1e-3 annealed, clip 0.2, advantages normalised, observations normalised and rewards not (the value loss
-    unclipped, SB3's default, where the script clips it)"""
+    unclipped, SB3's default, where the script clips it); --norm-reward --no-norm-adv --anneal-clip make those three
+    the script's current defaults"""
     # with --fsmn-settings, any of ppo_fsmn_cartpole.py's PPO flags, so that the LSTM gets a tuned FSMN's settings
     learning_rate: float | None = None
     """with --fsmn-settings: the learning rate at the start (annealed linearly to 0)"""
@@ -129,6 +130,14 @@ class RecurrentPPOArgs:
     """with --fsmn-settings: the surrogate clipping coefficient"""
     ent_coef: float | None = None
     """with --fsmn-settings: the entropy coefficient"""
+    norm_reward: bool = False
+    """with --fsmn-settings: rewards divided by the running std of the discounted return at --gamma (VecNormalize's
+    norm_reward), as the FSMN script's --norm-reward"""
+    norm_adv: bool = True
+    """with --fsmn-settings: advantages normalised per minibatch, as the FSMN script's --norm-adv"""
+    anneal_clip: bool = False
+    """with --fsmn-settings: the clip coefficient annealed linearly to 0 with the rate, as the FSMN script's
+    --anneal-clip"""
 
 
 def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
@@ -139,10 +148,15 @@ def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
         clip_coef=0.2, ent_coef=0.0,
     )  # fmt: skip
     given = {flag: getattr(args, flag) for flag in defaults if getattr(args, flag) is not None}
+    switches = dict(norm_reward=False, norm_adv=True, anneal_clip=False)  # the FSMN script's earlier defaults
+    given.update({flag: getattr(args, flag) for flag, value in switches.items() if getattr(args, flag) != value})
     if not args.fsmn_settings:
         if given:
             flag, value = next(iter(given.items()))
-            raise SystemExit(f"error: --{flag.replace('_', '-')}={value} needs --fsmn-settings")
+            name = flag.replace("_", "-")
+            name = name if value is not False else f"no-{name}"
+            shown = f"--{name}" if isinstance(value, bool) else f"--{name}={value}"
+            raise SystemExit(f"error: {shown} needs --fsmn-settings")
         return None
     v = {**defaults, **given}
     minibatch = 8 * v["num_steps"] // max(v["num_minibatches"], 1)
@@ -160,7 +174,7 @@ def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
     ):
         if not accepted:
             raise SystemExit(f"error: --{flag.replace('_', '-')}={v[flag]} must be {what}")
-    lr = v["learning_rate"]
+    lr, clip = v["learning_rate"], v["clip_coef"]
     return dict(
         n_steps=v["num_steps"],
         batch_size=minibatch,
@@ -169,7 +183,8 @@ def fsmn_ppo(args: RecurrentPPOArgs) -> dict | None:
         gae_lambda=v["gae_lambda"],
         ent_coef=v["ent_coef"],
         learning_rate=lambda remaining: lr * remaining,  # annealed to 0, as the FSMN script's --anneal-lr
-        clip_range=v["clip_coef"],
+        clip_range=(lambda remaining: clip * remaining) if args.anneal_clip else clip,
+        normalize_advantage=args.norm_adv,
     )
 
 
@@ -201,7 +216,10 @@ def recurrent_ppo(args: RecurrentPPOArgs) -> None:
     )
     ppo = fsmn_ppo(args) or zoo
     envs = make_vec_env(args.env_id, n_envs=8, seed=args.seed, wrapper_class=wrap)
-    envs = VecNormalize(envs, norm_reward=not fsmn)  # the zoo's `normalize: true`; the FSMN normalises observations only
+    if fsmn and args.norm_reward:  # the FSMN's --norm-reward: the discounted return's std at its own gamma
+        envs = VecNormalize(envs, gamma=ppo["gamma"])
+    else:  # the zoo's `normalize: true`; the FSMN's earlier defaults normalise observations only
+        envs = VecNormalize(envs, norm_reward=not fsmn)
     model = RecurrentPPO(
         "MlpLstmPolicy",
         envs,

@@ -8,6 +8,7 @@
     python benchmarks/sps.py --pair fsmn-cartpole --against 65b7b5a   # also the script as it was at a git commit
     python benchmarks/sps.py --pair fsmn-memory --repeats 2         # the FSMN's steps/s as its memory reaches further back
     python benchmarks/sps.py --pair fsmn-context --repeats 3        # the FSMN trained with and without --context-steps
+    python benchmarks/sps.py --pair popgym-one --repeats 3          # the one POPGym config, the per-task ones, the LSTM
 
 Each repeat runs the peer, then the script, as separate processes one after the other (never at once: they
 would share the cores); every second repeat runs them in the reverse order, so that a machine whose speed drifts
@@ -43,10 +44,14 @@ import numpy as np
 import tyro
 from report import machine, write_result
 from run import (
+    FSMN_EARLIER,
+    LSTM_ONE,
     PENDULUM_FLAGS,  # ppo_continuous.py's old defaults, at which the SB3 pair was matched and measured
     POPGYM_GATE,
+    POPGYM_ONE,
     POPGYM_PPO_GAMMA05,
 )
+from run import POPGYM_RECALL as AUTOENCODE_RECALL
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +104,18 @@ PAIRS = {
         description="ppo_fsmn_cartpole.py at the popgym-recall preset's fsmn_gate_gamma0.5 settings (order 16 + gate, 8 "
         "envs x 128 steps, 9 epochs, 4 minibatches) with training replaying a context before each rollout vs the same "
         "without, popgym-CountRecallEasy-v0",
+    ),
+    "popgym-one": dict(  # the one POPGym config against the per-task configs it replaces, on one task, and the LSTM at it
+        script=["ppo_fsmn_cartpole.py", "--env-id", "popgym-CountRecallEasy-v0", "--no-progress"],
+        variants={
+            "one config (POPGYM_ONE)": POPGYM_ONE,
+            "CountRecall's (gamma 0.5)": [*FSMN_EARLIER[1:], *POPGYM_PPO_GAMMA05, *POPGYM_GATE],
+            "Autoencode's (context 104, recall loss)": [*FSMN_EARLIER[1:], *AUTOENCODE_RECALL, *POPGYM_GATE],
+        },
+        peer=[*LSTM_ONE, "--env-id", "popgym-CountRecallEasy-v0"],
+        total_timesteps=40_960,
+        description="ppo_fsmn_cartpole.py at the one POPGym config (run.py's POPGYM_ONE) and at the per-task configs of "
+        "the popgym-recall preset, vs sb3-contrib RecurrentPPO (LSTM 64) at the one config, popgym-CountRecallEasy-v0",
     ),
     "continuous-halfcheetah": dict(
         script=["ppo_continuous.py", "--env-id", "HalfCheetah-v5", "--no-progress", *PENDULUM_FLAGS],

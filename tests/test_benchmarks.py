@@ -273,6 +273,9 @@ def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path, monkeypatch):
     assert (tuned["n_steps"], tuned["batch_size"], tuned["n_epochs"]) == (128, 128, 5)
     assert (tuned["gamma"], tuned["gae_lambda"], tuned["clip_range"], tuned["ent_coef"]) == (0.9, 0.8, 0.1, 0.01)
     assert tuned["learning_rate"](0.5) == 1e-3 and peers.fsmn_ppo(peers.RecurrentPPOArgs()) is None
+    assert tuned["normalize_advantage"] is True  # the FSMN script's earlier defaults, at which POPGym's presets ran
+    current = peers.fsmn_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, norm_adv=False, anneal_clip=True, clip_coef=0.3))
+    assert current["normalize_advantage"] is False and current["clip_range"](0.5) == 0.15
     refused = {
         (("gamma", 0.9),): "error: --gamma=0.9 needs --fsmn-settings",
         (("fsmn_settings", True), ("num_minibatches", 3)): "error: --num-minibatches=3 must be a divisor of the 8 envs",
@@ -280,6 +283,8 @@ def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path, monkeypatch):
         "half the batch (advantages are normalised per minibatch)",
         (("fsmn_settings", True), ("gae_lambda", 1.5)): "error: --gae-lambda=1.5 must be in [0, 1]",
         (("fsmn_settings", True), ("clip_coef", math.inf)): "error: --clip-coef=inf must be a positive number",
+        (("norm_reward", True),): "error: --norm-reward needs --fsmn-settings",
+        (("norm_adv", False),): "error: --no-norm-adv needs --fsmn-settings",
     }
     for given, line in refused.items():
         with pytest.raises(SystemExit) as error:
@@ -292,13 +297,17 @@ def test_peer_lstm_takes_the_fsmn_scripts_ppo_settings(tmp_path, monkeypatch):
         pass
 
     def capture(policy, envs, **kwargs):
-        built.update(kwargs)
+        built.update(kwargs, norm_reward=envs.norm_reward, reward_gamma=envs.gamma)
         raise Built
 
     monkeypatch.setattr(peers, "RecurrentPPO", capture)
     with pytest.raises(Built):
         peers.recurrent_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, total_timesteps=64, **flags))
     assert (built["n_steps"], built["batch_size"], built["gamma"], built["learning_rate"](1.0)) == (128, 128, 0.9, 2e-3)
+    assert built["norm_reward"] is False  # observations only, as the FSMN's earlier defaults
+    with pytest.raises(Built):  # --norm-reward: the discounted return's std at the run's own gamma
+        peers.recurrent_ppo(peers.RecurrentPPOArgs(fsmn_settings=True, total_timesteps=64, norm_reward=True, **flags))
+    assert built["norm_reward"] is True and built["reward_gamma"] == 0.9
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "peers.py"), "recurrent-ppo", "--fsmn-settings"]
     done = subprocess.run([*command, "--num-minibatches", "16"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and done.stdout == "", done
