@@ -222,6 +222,13 @@ LSTM_ONE = [*LSTM, *POPGYM_ONE_PPO, "--norm-reward", "--no-norm-adv", "--anneal-
 POPGYM_ONE_TASKS = [*POPGYM, "popgym-RepeatPreviousMedium-v0", "popgym-NoisyPositionOnlyCartPoleEasy-v0"]
 POPGYM_ONE_TASKS += ["popgym-RepeatFirstMedium-v0"]
 
+
+def popgym_million(name: str, title: str) -> dict:
+    """A POPGym preset's budget, seeds and report: 1M steps, seeds 1-3, the MMER over 100-episode windows."""
+    report = dict(name=name, threshold=None, title=title, window=100, mmer=True)
+    return dict(extra=["--total-timesteps", "1000000"], seeds=[1, 2, 3], report=report)
+
+
 PRESETS: dict[str, dict] = {
     "fsmn-cartpole": dict(
         configs=[
@@ -286,14 +293,8 @@ PRESETS: dict[str, dict] = {
                 [*FSMN_EARLIER, "--env-id", "popgym-AutoencodeEasy-v0", *POPGYM_RECALL, *POPGYM_GATE],
             )
         ],
-        extra=["--total-timesteps", "1000000"],
-        seeds=[1, 2, 3],
-        report=dict(
-            name="popgym_recall",
-            threshold=None,
-            title="POPGym's CountRecall and Autoencode (Easy): the gated FSMN and an LSTM at gamma 0.5",
-            window=100,
-            mmer=True,
+        **popgym_million(
+            "popgym_recall", "POPGym's CountRecall and Autoencode (Easy): the gated FSMN and an LSTM at gamma 0.5"
         ),
     ),
     "popgym-one": dict(
@@ -302,15 +303,7 @@ PRESETS: dict[str, dict] = {
             Config("sb3_recurrent_ppo_one", [*LSTM_ONE, "--env-id", env_id])
             for env_id in ("popgym-CountRecallEasy-v0", "popgym-AutoencodeEasy-v0")
         ],
-        extra=["--total-timesteps", "1000000"],
-        seeds=[1, 2, 3],
-        report=dict(
-            name="popgym_one",
-            threshold=None,
-            title="POPGym: one set of flags for every task, the gated FSMN and an LSTM",
-            window=100,
-            mmer=True,
-        ),
+        **popgym_million("popgym_one", "POPGym: one set of flags for every task, the gated FSMN and an LSTM"),
     ),
     "ppg-heldout": ppg_heldout("tuned", PPG_TUNED, "ppg_heldout", "the study's best"),
     "ppg-heldout-steps": ppg_heldout("steps", PPG_STEPS, "ppg_heldout_steps", "the steps study's best"),
