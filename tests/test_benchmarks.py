@@ -549,6 +549,7 @@ def test_the_readmes_popgym_command_is_the_one_config():
     script = import_script("ppo_fsmn_cartpole")
     assert vars(tyro.cli(script.Args, args=readme)) == vars(tyro.cli(script.Args, args=preset))
     assert "--learning-rate" in readme and "--long-memory" in readme  # what makes it the one config, spelled
+    assert f"(Autoencode: --learning-rate {runner.POPGYM_ONE_RECITE[1]})" in command  # its one flag, in the comment
 
 
 @pytest.mark.smoke
