@@ -220,7 +220,7 @@ POPGYM_ONE = [*POPGYM_ONE_PPO, *POPGYM_GATE]
 # the LSTM at the same settings, the FSMN's defaults for rewards, advantages and the clip spelled for peers.py
 LSTM_ONE = [*LSTM, *POPGYM_ONE_PPO, "--norm-reward", "--no-norm-adv", "--anneal-clip"]
 # the one config at Autoencode's learning rate: its one flag changed, for the README's "which flags for which task"
-# (exploration seed 101, 1M steps: Autoencode -0.313 at 1e-3, -0.332 at 2e-3; CountRecall 0.259 and 0.549)
+# (the rate Autoencode preferred on exploration seed 101; the figures in popgym_one.md)
 assert POPGYM_ONE[:2] == ["--learning-rate", "2e-3"]
 POPGYM_ONE_RECITE = ["--learning-rate", "1e-3", *POPGYM_ONE[2:]]
 # its tasks: the popgym preset's, RepeatPreviousMedium, and two no preset ran before, named before any judged run
