@@ -11,6 +11,7 @@ its start, episode boundaries masked. POPGym's tasks with discrete actions run t
     python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym memory task
     python ppo_fsmn_cartpole.py --env-id mypackage:MyTask-v0   # an env that importing mypackage registers
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
+    python ppo_fsmn_cartpole.py --final-eval-episodes 0   # no evaluation at the end (10 greedy episodes by default)
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
 
@@ -182,6 +183,11 @@ class Args:
     norm_obs: bool = True
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
 
+    # ENGINEERING: evaluation at the end of training
+    final_eval_episodes: int = 10
+    """at the end of training, play this many episodes with the policy as it stands, as --eval-checkpoint would,
+    and print their mean beside the training mean, whose episodes sample their actions (0: none)"""
+
     # ENGINEERING: speed and threads
     compile: bool = False
     """compile the network with torch.compile (opt-in: compiling takes time at the start)"""
@@ -211,6 +217,7 @@ class Args:
                 self.num_envs % max(self.num_minibatches, 1) == 0,
                 f"a divisor of --num-envs={self.num_envs}",
             ),
+            ("final_eval_episodes", self.final_eval_episodes >= 0, "at least 0 (0: none)"),
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("reward_clip", 0 < self.reward_clip < math.inf, "a positive number"),
             ("context_steps", 0 <= self.context_steps <= self.num_steps, "in [0, --num-steps]"),
@@ -284,10 +291,11 @@ def observation_parts(observations: gym.spaces.Space) -> tuple[list, list]:
     return [key for key in keys if flattenable[key]], [key for key in keys if not flattenable[key]]
 
 
-def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
+def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False, quiet: bool = False) -> None:
     """One clear line for an env this script cannot run: an unknown id, a package that cannot be imported,
     actions neither Discrete nor POPGym's MultiDiscrete, observations with no part gymnasium can flatten, a video
-    of an env that draws no frames. One line more names the observation's parts left out (observation_parts)."""
+    of an env that draws no frames. One line more names the observation's parts left out (observation_parts), unless
+    quiet."""
     # gymnasium's package:Env-v0: gymnasium.make imports package (importlib, as here), which registers Env-v0;
     # imported here first, so that a package that fails to import is one line, not make's traceback
     module, colon, name = env_id.rpartition(":")
@@ -330,7 +338,7 @@ def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False
     modes = env.metadata.get("render_modes", [])
     if capture_video and "rgb_array" not in modes:
         raise SystemExit(f"error: --capture-video needs frames; --env-id={env_id} draws none (modes: {modes})")
-    if left_out:
+    if left_out and not quiet:
         parts = ", ".join(f"{key!r} ({observations[key]})" for key in left_out)
         several = len(left_out) > 1
         left = f"observation part{'s' * several} {parts} left out"
@@ -792,8 +800,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
                     # bootstrap a truncated episode from the value of its final observation
-                    zeros = np.zeros(obs_dim)
-                    final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
+                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
                     with torch.inference_mode():
                         final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
                         no_start = torch.zeros_like(next_done)  # seen with that episode's memory
@@ -829,8 +836,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 seen_obs = agent.observe(obs=seen["obs"], prev_action=seen["prev_actions"], episode_starts=seen["starts"])
                 if args.context_steps:
                     initial_memory, context_memory = context_memory, next_context_memory
-                last = slice(args.num_steps - args.context_steps, args.num_steps)
-                context = {name: x[last].clone() for name, x in rollout.items()}
+                context = {name: x[args.num_steps - args.context_steps :].clone() for name, x in rollout.items()}
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
@@ -856,6 +862,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
+        # ENGINEERING: the policy as it stands, played as --eval-checkpoint plays it: printed beside the training mean
+        evaluate_at_end(run, agent, optimizer, iteration, global_step)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1418,11 +1426,11 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-def build_agent_from_checkpoint(checkpoint: dict, device: torch.device) -> tuple[Agent, Args]:
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device, quiet: bool = False) -> tuple[Agent, Args]:
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
-    check_env_args(args.env_id, args.mask_velocity)
+    check_env_args(args.env_id, args.mask_velocity, quiet=quiet)
     env = make_env(args.env_id, 0, False, "", args.mask_velocity)()
     agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)
     env.close()
@@ -1442,10 +1450,12 @@ def evaluate(
     device: torch.device,
     seed: int,
     video_path: str = "",
+    quiet: bool = False,
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends and
-    return them; with a video_path (folder/name start), record those that RecordVideo's schedule picks."""
-    agent, saved_args = build_agent_from_checkpoint(checkpoint, device)
+    """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends (quiet:
+    nothing printed) and return them; with a video_path (folder/name start), record those that RecordVideo's schedule
+    picks."""
+    agent, saved_args = build_agent_from_checkpoint(checkpoint, device, quiet)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path, saved_args.mask_velocity)()
     torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
     returns = []
@@ -1465,9 +1475,24 @@ def evaluate(
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
-        print(f"episode {episode + 1}: return {total:.2f}")
+        if not quiet:
+            print(f"episode {episode + 1}: return {total:.2f}")
     env.close()
     return returns
+
+
+def evaluate_at_end(run: Run, agent: Agent, optimizer: torch.optim.Optimizer, iteration: int, global_step: int) -> None:
+    """--final-eval-episodes: the trained policy, played as --eval-checkpoint would play its checkpoint, logged as
+    charts/eval_return and printed right before the run's summary line (whose mean is of sampled episodes); the
+    seconds it takes are left out of the summary's steps/s."""
+    args, started = run.args, time.time()
+    if args.final_eval_episodes:
+        final = make_checkpoint(args, run.name, agent, optimizer, iteration, global_step)
+        played = evaluate(final, args.final_eval_episodes, args.eval_deterministic, run.device, args.seed, quiet=True)
+        run.writer.add_scalar("charts/eval_return", np.mean(played), global_step)
+        how = "most likely action" if args.eval_deterministic else "sampled actions"
+        run.progress.write(f"eval ({how}): {len(played)} episodes, mean return {np.mean(played):.2f} +/- {np.std(played):.2f}")
+        run.start_time += time.time() - started
 
 
 if __name__ == "__main__":

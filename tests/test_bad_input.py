@@ -26,6 +26,7 @@ KINDS = [
     (["--threads", "-1"], "--threads=-1"),
     (["--save-interval", "0"], "--save-interval=0"),
     (["--eval-episodes", "0"], "--eval-episodes=0"),
+    (["--final-eval-episodes", "-1"], "--final-eval-episodes=-1"),
     (["--num-envs", "0"], "--num-envs=0"),
     (["--num-steps", "0"], "--num-steps=0"),
     (["--total-timesteps", "1"], "--total-timesteps=1"),

@@ -117,6 +117,25 @@ def test_report_without_threshold_and_with_two_envs(tmp_path):
     assert png_width(png) == 2 * png_width(one_png)
 
 
+def test_report_gives_the_end_of_run_evaluation_where_a_config_has_one(tmp_path):
+    """charts/eval_return (the FSMN's --final-eval-episodes): its last value per run, median over seeds in an 'eval
+    return' column; '-' for a config whose runs have none; no column where no run has one."""
+    runs = tmp_path / "runs"
+    for seed, evaluated in ((1, 500.0), (2, 480.0), (3, 420.0)):
+        write_run(str(runs), f"Env-v0__fsmn__{seed}__1", [400.0] * 5)
+        writer = SummaryWriter(str(runs / f"Env-v0__fsmn__{seed}__1"))
+        writer.add_scalar("charts/eval_return", 0.0, 100)  # a resumed part's earlier end: the last one counts
+        writer.add_scalar("charts/eval_return", evaluated, 500)
+        writer.close()
+        write_run(str(runs), f"Env-v0__peer__{seed}__1", [300.0] * 5)
+    text = open(report.write_report(report.Args(runs_dir=str(runs), name="e"))[0]).read()
+    assert "| config | seeds | final return | eval return | steps | SPS | wall s |" in text
+    assert "| Env-v0__fsmn | 3 | 400.0 (400.0 to 400.0) | 480.0 (420.0 to 500.0) |" in text
+    assert "| Env-v0__peer | 3 | 300.0 (300.0 to 300.0) | - |" in text
+    write_run(str(tmp_path / "none"), "Env-v0__peer__1__1", [300.0] * 5)
+    assert "eval" not in open(report.write_report(report.Args(runs_dir=str(tmp_path / "none"), name="n"))[0]).read()
+
+
 def test_report_mmer_is_the_best_moving_mean(tmp_path):
     """POPGym's MMER: the maximum over training of the mean return of the last `window` episodes (here 3)."""
     write_run(str(tmp_path), "Env-v0__algo__1__1", [0.0, 0.0, 3.0, 3.0, 3.0, 0.0, 0.0, 0.0])  # means 1, 2, 3, 2, 1, 0
@@ -511,7 +530,7 @@ def test_popgym_preset_on_one_task(tmp_path):
     configs = ("fsmn", "fsmn_m32", "fsmn_tuned", "fsmn_gate", "fsmn_m0", "sb3_recurrent_ppo", "sb3_recurrent_ppo_tuned")
     configs += ("fsmn_gate_gamma0.97", "fsmn_tuned_gamma0.97", "sb3_recurrent_ppo_gamma0.97")
     assert names == [f"popgym-RepeatFirstEasy-v0__{name}" for name in configs]
-    assert "| final return | MMER |" in (tmp_path / "popgym.md").read_text()
+    assert "| final return | eval return | MMER |" in (tmp_path / "popgym.md").read_text()  # the FSMN's end-of-run eval
 
 
 def test_preset_configs_filter(monkeypatch):

@@ -669,6 +669,31 @@ def test_cli_smoke_checkpoint_resume_and_evaluation(tmp_path):
 
 
 @pytest.mark.smoke
+def test_the_end_of_training_plays_the_saved_policy_as_eval_checkpoint_does(tmp_path):
+    """--final-eval-episodes: the run's last policy played greedily, its mean printed right before the summary line
+    (whose training mean samples) and logged as charts/eval_return; the same returns as --eval-checkpoint gives the
+    checkpoint written at that step. 0 plays nothing."""
+    cwd = str(tmp_path)
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "256", "--save-model", "--final-eval-episodes", "3", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("eval (most likely action): 3 episodes, mean return")]
+    assert lines[at + 1].startswith("step 256: mean return")
+    (run_dir,) = run_dirs(cwd)
+    (logged,) = read_scalars(run_dir)["charts/eval_return"]
+    replayed = run_script(SCRIPT, "--eval-checkpoint", os.path.join(run_dir, "checkpoint.pt"), "--eval-episodes", "3", cwd=cwd)
+    assert replayed.returncode == 0, replayed.stderr
+    returns = [float(line.split()[-1]) for line in replayed.stdout.splitlines() if line.startswith("episode ")]
+    assert len(returns) == 3 and logged[0] == 256 and logged[1] == pytest.approx(np.mean(returns))
+    assert lines[at].split(": ", 1)[1] in replayed.stdout  # "3 episodes, mean return M +/- S", to the digit
+
+    result = run_script(SCRIPT, *TINY, "--total-timesteps", "128", "--final-eval-episodes", "0", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "eval" not in result.stdout
+    assert "charts/eval_return" not in read_scalars(run_dirs(cwd)[-1])
+
+
+@pytest.mark.smoke
 def test_track_and_capture_video_put_the_videos_in_the_wandb_run(tmp_path):
     flags = [*TINY, "--total-timesteps", "256", "--track", "--capture-video"]
     result = run_script(SCRIPT, *flags, cwd=str(tmp_path), env={**WANDB_OFFLINE, **NO_DISPLAY})
