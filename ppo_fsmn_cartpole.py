@@ -11,7 +11,7 @@ its start, episode boundaries masked. POPGym's tasks with discrete actions run t
     python ppo_fsmn_cartpole.py --env-id popgym-RepeatPreviousEasy-v0   # a POPGym memory task
     python ppo_fsmn_cartpole.py --env-id mypackage:MyTask-v0   # an env that importing mypackage registers
     python ppo_fsmn_cartpole.py --save-model        # then --resume or --eval-checkpoint runs/<run>/checkpoint.pt
-    python ppo_fsmn_cartpole.py --final-eval-episodes 0   # no evaluation at the end (10 greedy episodes by default)
+    python ppo_fsmn_cartpole.py --final-eval-episodes 0   # no greedy episodes at the end (10 by default)
     python ppo_fsmn_cartpole.py --compile           # torch.compile the rollout step and the minibatch loss
 Results: README.md and benchmarks/results/fsmn_cartpole.md."""
 
@@ -185,8 +185,8 @@ class Args:
 
     # ENGINEERING: evaluation at the end of training
     final_eval_episodes: int = 10
-    """at the end of training, play this many episodes with the policy as it stands, as --eval-checkpoint would,
-    and print their mean beside the training mean, whose episodes sample their actions (0: none)"""
+    """at the end of training, play this many episodes with the policy as it stands, as --eval-checkpoint
+    would, and print their mean beside the training mean, whose episodes sample their actions (0: none)"""
 
     # ENGINEERING: speed and threads
     compile: bool = False
@@ -291,11 +291,11 @@ def observation_parts(observations: gym.spaces.Space) -> tuple[list, list]:
     return [key for key in keys if flattenable[key]], [key for key in keys if not flattenable[key]]
 
 
-def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False, quiet: bool = False) -> None:
+def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False, quiet: bool = False):
     """One clear line for an env this script cannot run: an unknown id, a package that cannot be imported,
     actions neither Discrete nor POPGym's MultiDiscrete, observations with no part gymnasium can flatten, a video
-    of an env that draws no frames. One line more names the observation's parts left out (observation_parts), unless
-    quiet."""
+    of an env that draws no frames. One line more (not when quiet) names the observation's parts left out
+    (observation_parts)."""
     # gymnasium's package:Env-v0: gymnasium.make imports package (importlib, as here), which registers Env-v0;
     # imported here first, so that a package that fails to import is one line, not make's traceback
     module, colon, name = env_id.rpartition(":")
@@ -862,8 +862,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
-        # ENGINEERING: the policy as it stands, played as --eval-checkpoint plays it: printed beside the training mean
-        evaluate_at_end(run, agent, optimizer, iteration, global_step)
+        # ENGINEERING: the policy as it stands, played as --eval-checkpoint plays it, beside the training mean
+        evaluate_at_end(run, agent)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1426,7 +1426,7 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-def build_agent_from_checkpoint(checkpoint: dict, device: torch.device, quiet: bool = False) -> tuple[Agent, Args]:
+def build_agent_from_checkpoint(checkpoint: dict, device: torch.device, quiet: bool = False):
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
@@ -1452,9 +1452,9 @@ def evaluate(
     video_path: str = "",
     quiet: bool = False,
 ) -> list[float]:
-    """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends (quiet:
-    nothing printed) and return them; with a video_path (folder/name start), record those that RecordVideo's schedule
-    picks."""
+    """Play `episodes` whole episodes with a saved policy (and its memory), print each return as it ends (not
+    when quiet) and return them; with a video_path (folder/name start), record those that RecordVideo's
+    schedule picks."""
     agent, saved_args = build_agent_from_checkpoint(checkpoint, device, quiet)
     env = make_env(saved_args.env_id, 0, bool(video_path), video_path, saved_args.mask_velocity)()
     torch.manual_seed(seed)  # a sampling evaluation (--no-eval-deterministic) repeats
@@ -1481,17 +1481,20 @@ def evaluate(
     return returns
 
 
-def evaluate_at_end(run: Run, agent: Agent, optimizer: torch.optim.Optimizer, iteration: int, global_step: int) -> None:
-    """--final-eval-episodes: the trained policy, played as --eval-checkpoint would play its checkpoint, logged as
-    charts/eval_return and printed right before the run's summary line (whose mean is of sampled episodes); the
-    seconds it takes are left out of the summary's steps/s."""
+def evaluate_at_end(run: Run, agent: Agent) -> None:
+    """--final-eval-episodes: the trained policy, played as --eval-checkpoint would play its checkpoint, logged
+    as charts/eval_return and printed right before the run's summary line (whose mean is of sampled episodes).
+    Its seconds are left out of the summary's; a stop signal during it ends the run as one during training."""
     args, started = run.args, time.time()
     if args.final_eval_episodes:
-        final = make_checkpoint(args, run.name, agent, optimizer, iteration, global_step)
-        played = evaluate(final, args.final_eval_episodes, args.eval_deterministic, run.device, args.seed, quiet=True)
-        run.writer.add_scalar("charts/eval_return", np.mean(played), global_step)
-        how = "most likely action" if args.eval_deterministic else "sampled actions"
-        run.progress.write(f"eval ({how}): {len(played)} episodes, mean return {np.mean(played):.2f} +/- {np.std(played):.2f}")
+        checkpoint = dict(args=asdict(args), model=agent.state_dict())  # what evaluate() reads of one
+        episodes, deterministic = args.final_eval_episodes, args.eval_deterministic
+        played = evaluate(checkpoint, episodes, deterministic, device=run.device, seed=args.seed, quiet=True)
+        run.check_interrupt()
+        run.writer.add_scalar("charts/eval_return", np.mean(played), run.global_step)
+        how = "most likely action" if deterministic else "sampled actions"
+        mean = f"mean return {np.mean(played):.2f} +/- {np.std(played):.2f}"
+        run.progress.write(f"eval ({how}): {len(played)} episodes, {mean}")
         run.start_time += time.time() - started
 
 

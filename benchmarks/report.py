@@ -73,7 +73,7 @@ class Run:
     sps: float
     duration: float  # seconds of the run's own time, all its parts
     path: str = ""
-    eval_return: float | None = None  # its last charts/eval_return (ppo_fsmn_cartpole.py's --final-eval-episodes)
+    eval_return: float | None = None  # its last charts/eval_return (--final-eval-episodes)
 
 
 class RunReader:
@@ -210,6 +210,14 @@ def spread(values: list[float | None], fmt: str = "{:.0f}") -> str:
     return text + (f", {missing} of {len(ranked)} never" if missing else "")
 
 
+def eval_cell(values: list[float | None], fmt: str) -> str:
+    """The 'eval return' cell: the spread over the runs that evaluated (a run without one is not 'never'), how many
+    did not, or '-' where none did."""
+    evaluated = [v for v in values if v is not None]
+    missing = f", {len(values) - len(evaluated)} of {len(values)} without" if len(evaluated) < len(values) else ""
+    return spread(evaluated, fmt) + missing if evaluated else "-"
+
+
 def best_moving_mean(returns: np.ndarray, window: int) -> float | None:
     """POPGym's MMER: the best mean of `window` returns in a row (of all of them while there are fewer); None when
     there are none."""
@@ -316,7 +324,7 @@ def write_report(args: Args) -> tuple[str, str]:
         cells = [name, str(len(s["seeds"]))] + ([spread(s["steps_to"]), spread(s["wall_to"])] if threshold else [])
         returns = "{:.3f}" if args.mmer else "{:.1f}"  # POPGym's returns lie in [-1, 1]
         cells += [spread(s["final"], returns)]
-        cells += [(spread(s["eval"], returns) if any(v is not None for v in s["eval"]) else "-")] if with_eval else []
+        cells += [eval_cell(s["eval"], returns)] if with_eval else []
         cells += [spread(s["mmer"], returns)] if args.mmer else []
         cells += [spread(s["mmer_by_step"], returns)] if by_step else []
         cells += [spread(s["total_steps"]), spread(s["sps"]), spread(s["wall"])]

@@ -118,19 +118,21 @@ def test_report_without_threshold_and_with_two_envs(tmp_path):
 
 
 def test_report_gives_the_end_of_run_evaluation_where_a_config_has_one(tmp_path):
-    """charts/eval_return (the FSMN's --final-eval-episodes): its last value per run, median over seeds in an 'eval
-    return' column; '-' for a config whose runs have none; no column where no run has one."""
+    """charts/eval_return (the FSMN's --final-eval-episodes): its last value per run, median over the seeds that
+    have one in an 'eval return' column, with how many have none; '-' for a config whose runs have none; no column
+    where no run has one."""
     runs = tmp_path / "runs"
     for seed, evaluated in ((1, 500.0), (2, 480.0), (3, 420.0)):
         write_run(str(runs), f"Env-v0__fsmn__{seed}__1", [400.0] * 5)
         writer = SummaryWriter(str(runs / f"Env-v0__fsmn__{seed}__1"))
-        writer.add_scalar("charts/eval_return", 0.0, 100)  # a resumed part's earlier end: the last one counts
+        writer.add_scalar("charts/eval_return", 0.0, 100)  # two: the last one counts
         writer.add_scalar("charts/eval_return", evaluated, 500)
         writer.close()
         write_run(str(runs), f"Env-v0__peer__{seed}__1", [300.0] * 5)
+    write_run(str(runs), "Env-v0__fsmn__4__1", [400.0] * 5)  # stopped before its evaluation: not 'never'
     text = open(report.write_report(report.Args(runs_dir=str(runs), name="e"))[0]).read()
     assert "| config | seeds | final return | eval return | steps | SPS | wall s |" in text
-    assert "| Env-v0__fsmn | 3 | 400.0 (400.0 to 400.0) | 480.0 (420.0 to 500.0) |" in text
+    assert "| Env-v0__fsmn | 4 | 400.0 (400.0 to 400.0) | 480.0 (420.0 to 500.0), 1 of 4 without |" in text
     assert "| Env-v0__peer | 3 | 300.0 (300.0 to 300.0) | - |" in text
     write_run(str(tmp_path / "none"), "Env-v0__peer__1__1", [300.0] * 5)
     assert "eval" not in open(report.write_report(report.Args(runs_dir=str(tmp_path / "none"), name="n"))[0]).read()

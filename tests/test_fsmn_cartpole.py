@@ -3,6 +3,7 @@
 import glob
 import math
 import os
+import signal
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -691,6 +692,27 @@ def test_the_end_of_training_plays_the_saved_policy_as_eval_checkpoint_does(tmp_
     assert result.returncode == 0, result.stderr
     assert "eval" not in result.stdout
     assert "charts/eval_return" not in read_scalars(run_dirs(cwd)[-1])
+
+
+def test_a_stop_signal_during_the_end_of_training_evaluation_ends_the_run_as_stopped(in_tmp, monkeypatch, capsys):
+    """Ctrl-C while the last policy plays: the run exits 130 once the episodes end, with the logs and the last
+    checkpoint kept and no eval line (the signal is sent from inside the evaluation: no clock involved)."""
+    played = []
+
+    def interrupted_evaluation(*args, **kwargs):
+        played.append(kwargs["quiet"])
+        os.kill(os.getpid(), signal.SIGINT)  # the run's handler notes it, as it does a Ctrl-C
+        return [500.0]
+
+    monkeypatch.setattr(p, "evaluate", interrupted_evaluation)
+    args = p.Args(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=256, progress=False)
+    args.save_model = True
+    with pytest.raises(SystemExit) as stopped:
+        p.main(args)
+    assert stopped.value.code == 130 and played == [True]
+    out = capsys.readouterr().out
+    assert "eval (" not in out and "interrupted during iteration" in out
+    assert torch.load(glob.glob("runs/*/checkpoint.pt")[0], weights_only=True)["global_step"] == 256
 
 
 @pytest.mark.smoke
