@@ -1482,9 +1482,9 @@ def evaluate(
 
 
 def evaluate_at_end(run: Run, agent: Agent) -> None:
-    """--final-eval-episodes: the trained policy, played as --eval-checkpoint would play its checkpoint, logged
-    as charts/eval_return and printed right before the run's summary line (whose mean is of sampled episodes).
-    Its seconds are left out of the summary's; a stop signal during it ends the run as one during training."""
+    """--final-eval-episodes: the trained policy, played as --eval-checkpoint would play its checkpoint,
+    logged as charts/eval_return and printed right before the run's summary line (whose mean is of sampled
+    episodes). Its seconds are left out of the summary's; a stop signal during it ends the run as stopped."""
     args, started = run.args, time.time()
     if args.final_eval_episodes:
         checkpoint = dict(args=asdict(args), model=agent.state_dict())  # what evaluate() reads of one
