@@ -291,11 +291,10 @@ def observation_parts(observations: gym.spaces.Space) -> tuple[list, list]:
     return [key for key in keys if flattenable[key]], [key for key in keys if not flattenable[key]]
 
 
-def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False, quiet: bool = False):
+def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False) -> None:
     """One clear line for an env this script cannot run: an unknown id, a package that cannot be imported,
     actions neither Discrete nor POPGym's MultiDiscrete, observations with no part gymnasium can flatten, a video
-    of an env that draws no frames. One line more (not when quiet) names the observation's parts left out
-    (observation_parts)."""
+    of an env that draws no frames. One line more names the observation's parts left out (observation_parts)."""
     # gymnasium's package:Env-v0: gymnasium.make imports package (importlib, as here), which registers Env-v0;
     # imported here first, so that a package that fails to import is one line, not make's traceback
     module, colon, name = env_id.rpartition(":")
@@ -338,7 +337,7 @@ def check_env_args(env_id: str, mask_velocity: bool, capture_video: bool = False
     modes = env.metadata.get("render_modes", [])
     if capture_video and "rgb_array" not in modes:
         raise SystemExit(f"error: --capture-video needs frames; --env-id={env_id} draws none (modes: {modes})")
-    if left_out and not quiet:
+    if left_out:
         parts = ", ".join(f"{key!r} ({observations[key]})" for key in left_out)
         several = len(left_out) > 1
         left = f"observation part{'s' * several} {parts} left out"
@@ -759,7 +758,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
-    # the previous rollout's last --context-steps steps and the memory before them; at first, all episode starts
+    # the previous rollout's last --context-steps steps (trained first) and the memory before them
     context = dict(obs=obs, prev_actions=prev_actions, starts=torch.ones_like(episode_starts))
     context, context_memory = {name: x[: args.context_steps].clone() for name, x in context.items()}, memory
     next_obs, _ = envs.reset(seed=args.seed + global_step)
@@ -800,7 +799,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 terminations_np[step], truncations_np[step] = termination, truncation
                 if truncation.any():
                     # bootstrap a truncated episode from the value of its final observation
-                    final_obs = np.stack([o if t else np.zeros(obs_dim) for o, t in zip(infos["final_obs"], truncation)])
+                    zeros = np.zeros(obs_dim)
+                    final_obs = np.stack([o if t else zeros for o, t in zip(infos["final_obs"], truncation)])
                     with torch.inference_mode():
                         final_obs = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
                         no_start = torch.zeros_like(next_done)  # seen with that episode's memory
@@ -830,13 +830,12 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     gamma=args.gamma,
                     gae_lambda=args.gae_lambda,
                 )
-                # (context + T, B, ...): the policy's input, context first, replayed from the memory before it
                 rollout = dict(obs=obs, prev_actions=prev_actions, starts=episode_starts)
                 seen = {name: torch.cat([context[name], x]) for name, x in rollout.items()}
                 seen_obs = agent.observe(obs=seen["obs"], prev_action=seen["prev_actions"], episode_starts=seen["starts"])
                 if args.context_steps:
                     initial_memory, context_memory = context_memory, next_context_memory
-                context = {name: x[args.num_steps - args.context_steps :].clone() for name, x in rollout.items()}
+                context = {name: x[len(x) - args.context_steps :].clone() for name, x in rollout.items()}
             if args.norm_obs:
                 agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
@@ -1426,11 +1425,17 @@ def run_evaluation(args: Args) -> None:
         wandb_run.finish()
 
 
-def build_agent_from_checkpoint(checkpoint: dict, device: torch.device, quiet: bool = False):
+def build_agent_from_checkpoint(
+    checkpoint: dict,
+    device: torch.device,
+    quiet: bool = False,
+) -> tuple[Agent, Args]:
+    """quiet: the env was checked already (the end of a training run): no second check, no second note."""
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
     args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
-    check_env_args(args.env_id, args.mask_velocity, quiet=quiet)
+    if not quiet:
+        check_env_args(args.env_id, args.mask_velocity)
     env = make_env(args.env_id, 0, False, "", args.mask_velocity)()
     agent = Agent(env.observation_space.shape[0], env.action_space.n, args).to(device)
     env.close()
