@@ -994,7 +994,7 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
         checkpoint = load_checkpoint(resume, "--resume")
     default = None
     if checkpoint is not None:
-        saved = checkpoint["args"]
+        saved = {**getattr(Args, "OLD_CHECKPOINT_FLAGS", {}), **checkpoint["args"]}  # flags added since: as saved
         default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
     args = replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
     if resume == "auto":

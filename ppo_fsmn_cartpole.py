@@ -182,6 +182,15 @@ class Args:
     """give the network the previous action (one-hot, zero at an episode start) beside the observation"""
     norm_obs: bool = True
     """normalise observations by their running mean and std (saved in checkpoints, frozen in evaluation)"""
+    norm_obs_preserving: bool = True
+    """each update of --norm-obs's statistics leaves the policy's outputs as they were: its embedding's weights
+    and bias absorb the new mean and std (Pop-Art's "preserving outputs precisely", arXiv 1602.07714, done on
+    the inputs); a --separate-critic reads the new statistics as they are"""
+    separate_critic: bool = True
+    """the critic on an embedding and FSMN blocks of its own, beside the policy's, as CleanRL's ppo.py and
+    SB3's RecurrentPPO (enable_critic_lstm) keep theirs apart (False: one trunk shared by both heads)"""
+    # a checkpoint saved before these flags existed holds the network they build when off (--resume, evaluation)
+    OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(separate_critic=False, norm_obs_preserving=False)
 
     # ENGINEERING: evaluation at the end of training
     final_eval_episodes: int = 10
@@ -417,6 +426,34 @@ def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: t
     return u
 
 
+def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None, std=2**0.5) -> nn.Linear:
+    """--separate-critic's networks side by side in one layer: output i reads input j only where rows[i] ==
+    cols[j], their parts (cols None: every input, shared by the parts). Each part's block starts as layer_init
+    would start a layer of its own; the weights between parts start at zero and stay zero (their gradient is
+    masked, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
+    if len(rows.unique()) == 1 and (cols is None or len(cols.unique()) == 1):
+        return layer
+    inputs = torch.arange(layer.in_features)
+    kept = rows[:, None] == (rows[:, None] if cols is None else cols)  # (out, in) or (out, 1): every input
+    with torch.no_grad():
+        layer.weight.zero_()
+        for part in rows.unique():
+            r, c = (rows == part).nonzero()[:, 0], inputs if cols is None else (cols == part).nonzero()[:, 0]
+            layer.weight[r[:, None], c] = nn.init.orthogonal_(torch.empty(len(r), len(c)), std)
+    if not kept.all():
+        layer.register_buffer("kept", kept.expand_as(layer.weight).clone(), persistent=False)
+        layer.weight.register_hook(lambda grad: grad * layer.kept)
+    return layer
+
+
+class PartLayerNorm(nn.GroupNorm):
+    """LayerNorm on each of `num_groups` equal parts of the last dimension (--separate-critic): GroupNorm,
+    which takes the channels in dimension 1, on inputs (..., C)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.reshape(-1, x.shape[-1])).view_as(x)
+
+
 class FSMNBlock(nn.Module):
     """One DFSMN block, run one step at a time (with a memory of past steps) or over a whole sequence:
 
@@ -433,30 +470,32 @@ class FSMNBlock(nn.Module):
     2024, arXiv 2410.01201; Qin et al. 2023, arXiv 2311.04823), still a linear recurrence: one scan over a
     sequence. Its e is read after the normalisation: inside it, a growing e would be divided by its own size, and
     a count would lose what it counts (CountRecall's answer; benchmarks/results/popgym.md). The taps and d start
-    at zero: the block starts memoryless and learns how much of the past to use."""
+    at zero: the block starts memoryless and learns how much of the past to use. With parts > 1 it is that
+    many blocks side by side, each on its own dim/parts channels (keep_blocks; the LayerNorm is per part)."""
 
-    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, long_memory: str = "none"):
+    def __init__(self, dim: int, memory_order: int, memory_stride: int = 1, long_memory: str = "none", parts=1):
         super().__init__()
         self.memory_order, self.memory_stride, self.long_memory = memory_order, memory_stride, long_memory
-        self.proj_in = layer_init(nn.Linear(dim, dim))
+        part = torch.arange(parts).repeat_interleave(dim // parts)  # channel c's part (keep_blocks)
+        self.proj_in = keep_blocks(layer_init(nn.Linear(dim, dim)), part, part)
         self.taps = nn.Parameter(torch.zeros(memory_order + 1, dim))  # (N+1, H): taps[i] weights h_{t-iS}
         if long_memory == "decay":
             # lambda = sigmoid(decay_logits), always in (0, 1); horizons 1/(1-lambda) from 2 to 200 steps,
             # log-uniform over the channels: lambda = 1 - 1/horizon, sigmoid's inverse log(horizon - 1)
-            horizons = torch.logspace(math.log10(2), math.log10(200), dim)
+            horizons = torch.logspace(math.log10(2), math.log10(200), dim // parts).repeat(parts)
             self.decay_logits = nn.Parameter(torch.log(horizons - 1))
             self.decay_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
         if long_memory == "gate":
             # W_f, W_i, W_v in one projection (3H, H). W_f starts at zero, so the forget gate starts as fixed
             # decays whose horizons 1/(1-f) span 2 to 1000 steps (a whole episode), log-uniform over the channels
-            self.gate = layer_init(nn.Linear(dim, 3 * dim))
-            horizons = torch.logspace(math.log10(2), math.log10(1000), dim)
+            self.gate = keep_blocks(layer_init(nn.Linear(dim, 3 * dim)), part.repeat(3), part)
+            horizons = torch.logspace(math.log10(2), math.log10(1000), dim // parts).repeat(parts)
             with torch.no_grad():
                 self.gate.weight[:dim] = 0.0
                 self.gate.bias[:dim] = torch.log(horizons - 1)
             self.gate_weights = nn.Parameter(torch.zeros(dim))  # (H,): d
-        self.proj_out = layer_init(nn.Linear(dim, dim))
-        self.norm = nn.LayerNorm(dim)
+        self.proj_out = keep_blocks(layer_init(nn.Linear(dim, dim)), part, part)
+        self.norm = nn.LayerNorm(dim) if parts == 1 else PartLayerNorm(parts, dim)
 
     def decay(self) -> tuple[torch.Tensor, torch.Tensor]:
         """lambda and the input gain g, (H,) each. g = sqrt(1 - lambda^2) is LRU's normalisation (Orvieto et
@@ -520,20 +559,27 @@ class FSMNBlock(nn.Module):
 
 
 class Agent(nn.Module):
-    """An observation embedding and `num_blocks` FSMN blocks, shared by a policy head (std 0.01) and a value
-    head (std 1). Its memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none), and with
-    a --long-memory one more slot at the end for every block's e: (L, B, N*S+1, H)."""
+    """An observation embedding and `num_blocks` FSMN blocks, a policy head (std 0.01) and a value head
+    (std 1) on them; with --separate-critic two such trunks side by side, H = 2 * --hidden-dim channels, the
+    first half the policy's and the second the critic's (keep_blocks). Its memory: every block's last N*S
+    hidden states, (L, B, N*S, H) (N*S = 0: none), and with a --long-memory one more slot at the end for every
+    block's e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
-        self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, args.hidden_dim, n_actions
+        parts, width = 1 + args.separate_critic, args.hidden_dim * (1 + args.separate_critic)
+        self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, width, n_actions
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
-        self.prev_action = args.prev_action
-        self.embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, args.hidden_dim))
+        self.prev_action, self.norm_obs_preserving = args.prev_action, args.norm_obs_preserving
+        part = torch.arange(parts).repeat_interleave(args.hidden_dim)  # channel c's part: 0 policy, 1 critic
+        self.register_buffer("policy_channels", part == 0, persistent=False)
+        embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, width))
+        self.embed = keep_blocks(embed, part, None)  # every part reads the whole input
         block = dict(memory_order=args.memory_order, memory_stride=args.memory_stride, long_memory=args.long_memory)
-        self.blocks = nn.ModuleList(FSMNBlock(args.hidden_dim, **block) for _ in range(args.num_blocks))
-        self.actor = layer_init(nn.Linear(args.hidden_dim, n_actions), std=0.01)
-        self.critic = layer_init(nn.Linear(args.hidden_dim, 1), std=1.0)
+        self.blocks = nn.ModuleList(FSMNBlock(width, **block, parts=parts) for _ in range(args.num_blocks))
+        policy, critic = part.new_zeros(n_actions), part[-1:]  # the parts the heads read
+        self.actor = keep_blocks(layer_init(nn.Linear(width, n_actions), std=0.01), policy, part, std=0.01)
+        self.critic = keep_blocks(layer_init(nn.Linear(width, 1), std=1.0), critic, part, std=1.0)
         self.obs_norm = RunningNorm(obs_dim) if args.norm_obs else nn.Identity()
         self.reward_scale = RewardScale(args.gamma, args.reward_clip) if args.norm_reward else None
         # a checkpoint from before --norm-reward has no reward statistics: they start afresh
@@ -542,7 +588,8 @@ class Agent(nn.Module):
         self.recall_lags, input_dim = args.recall_lags, obs_dim + n_actions * args.prev_action
         self.recall = None
         if args.recall_lags:
-            self.recall = layer_init(nn.Linear(args.hidden_dim, args.recall_lags * input_dim))
+            recall = layer_init(nn.Linear(width, args.recall_lags * input_dim))
+            self.recall = keep_blocks(recall, part.new_zeros(recall.out_features), part)  # the policy's part
 
     def observe(self, obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
         """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with
@@ -553,6 +600,19 @@ class Agent(nn.Module):
             return x
         one_hot = nn.functional.one_hot(prev_action, self.n_actions).to(x.dtype) * ~episode_starts.unsqueeze(-1)
         return torch.cat([x, one_hot], dim=-1)
+
+    @torch.no_grad()
+    def update_obs_norm(self, obs: torch.Tensor) -> None:
+        """--norm-obs's statistics take in obs (B, obs_dim), raw. With --norm-obs-preserving the policy's
+        embedding absorbs the change, so that its embedding of every observation is what it was (clip aside):
+        W' = W diag(s'/s) and b' = b + W (m' - m)/s, for the old and new means m, m' and stds s, s'; with
+        --separate-critic the critic's reads the new statistics as they are (preserving it too lost the gain)."""
+        norm, d, rows = self.obs_norm, self.obs_norm.mean.shape[0], self.policy_channels
+        mean, std = norm.mean.clone(), torch.sqrt(norm.var + norm.epsilon)
+        norm.update(obs)
+        if self.norm_obs_preserving:
+            self.embed.bias[rows] += self.embed.weight[rows, :d] @ ((norm.mean - mean) / std)
+            self.embed.weight[rows, :d] *= torch.sqrt(norm.var + norm.epsilon) / std
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         # N*S, the oldest tap's lag [+1: e]
@@ -836,8 +896,6 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 if args.context_steps:
                     initial_memory, context_memory = context_memory, next_context_memory
                 context = {name: x[len(x) - args.context_steps :].clone() for name, x in rollout.items()}
-            if args.norm_obs:
-                agent.obs_norm.update(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # ALGO LOGIC: optimizing the policy and value network over minibatches of whole env sequences
             batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values, clip_coef=clip_coef)
@@ -858,6 +916,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
                 if args.target_kl is not None and stats[-1]["approx_kl"].item() > args.target_kl:
                     break
+            if args.norm_obs:
+                agent.update_obs_norm(obs.flatten(0, 1))  # then the statistics take in this rollout
 
             # TRY NOT TO MODIFY: record and keep the iteration (losses as CleanRL logs them, and their means)
             run.record(iteration, global_step, agent, optimizer, stats, explained_variance(values, returns))
@@ -1267,7 +1327,7 @@ def cli(argv: list[str] | None = None) -> tuple[Args, dict | None]:
         checkpoint = load_checkpoint(resume, "--resume")
     default = None
     if checkpoint is not None:
-        saved = checkpoint["args"]
+        saved = {**getattr(Args, "OLD_CHECKPOINT_FLAGS", {}), **checkpoint["args"]}  # flags added since: as saved
         default = Args(**{f.name: saved[f.name] for f in fields(Args) if f.init and f.name in saved})
     args = replace(tyro.cli(Args, args=argv, default=default))  # the sizes derived from the merged flags
     if resume == "auto":
@@ -1433,7 +1493,7 @@ def build_agent_from_checkpoint(
     """quiet: the env was checked already (the end of a training run): no second check, no second note."""
     # a flag an earlier version had and this one has not is dropped
     flags = {f.name for f in fields(Args) if f.init}
-    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in flags})
+    args = Args(**{k: v for k, v in {**Args.OLD_CHECKPOINT_FLAGS, **checkpoint["args"]}.items() if k in flags})
     if not quiet:
         check_env_args(args.env_id, args.mask_velocity)
     env = make_env(args.env_id, 0, False, "", args.mask_velocity)()

@@ -183,9 +183,13 @@ FRESH_SETS = dict(old_defaults=PENDULUM_FLAGS, mujoco_flags=MUJOCO_FLAGS, carry_
 MUJOCO = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 
 
+# ppo_fsmn_cartpole.py's network before the critic had a trunk of its own (issue 73): one embedding and FSMN blocks
+# for both heads, observation statistics updated under the network; every config measured with it spells it out
+FSMN_SHARED = ["--no-separate-critic", "--no-norm-obs-preserving"]
 # ppo_fsmn_cartpole.py with the defaults it had before CartPole's were changed to end solved (issue 73: rewards scaled
 # by the return's std, advantages not normalised): the configs measured at them (POPGym's, LunarLander's) spell them out
 FSMN_EARLIER = ["ppo_fsmn_cartpole.py", "--learning-rate", "1e-3", "--norm-adv", "--no-norm-reward", "--no-anneal-clip"]
+FSMN_EARLIER += FSMN_SHARED
 
 # POPGym (Morad et al., ICLR 2023): five Easy tasks; the LSTM gets the FSMN's observation, previous action and PPO settings
 POPGYM = [f"popgym-{task}Easy-v0" for task in ("PositionOnlyCartPole", "RepeatPrevious", "RepeatFirst", "CountRecall")]
@@ -216,7 +220,7 @@ POPGYM_RECALL = ["--learning-rate", "1e-3", *POPGYM_PPO_GAMMA05[2:], "--context-
 # rate 2e-3; picked on seeds 101-102 (issue 72's exploration: CountRecall gains from the rate, Autoencode loses a little)
 POPGYM_ONE_PPO = ["--learning-rate", "2e-3", "--gamma", "0.95", "--gae-lambda", "0.7", "--clip-coef", "0.2"]
 POPGYM_ONE_PPO += ["--update-epochs", "9", "--num-steps", "128", "--num-minibatches", "4", "--ent-coef", "2.22e-3"]
-POPGYM_ONE = [*POPGYM_ONE_PPO, *POPGYM_GATE]
+POPGYM_ONE = [*POPGYM_ONE_PPO, *POPGYM_GATE, *FSMN_SHARED]  # measured with the shared trunk
 # the LSTM at the same settings, the FSMN's defaults for rewards, advantages and the clip spelled for peers.py
 LSTM_ONE = [*LSTM, *POPGYM_ONE_PPO, "--norm-reward", "--no-norm-adv", "--anneal-clip"]
 # the one config at Autoencode's learning rate: its one flag changed, for the README's "which flags for which task"

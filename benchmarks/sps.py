@@ -45,6 +45,7 @@ import tyro
 from report import machine, write_result
 from run import (
     FSMN_EARLIER,
+    FSMN_SHARED,
     LSTM_ONE,
     PENDULUM_FLAGS,  # ppo_continuous.py's old defaults, at which the SB3 pair was matched and measured
     POPGYM_GATE,
@@ -58,7 +59,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # the project's results, tracked: written only with --results
 BUSY = 0.25  # cores kept busy by other processes above which a measurement says that the machine was busy
 
-POPGYM_RECALL = [*POPGYM_PPO_GAMMA05, *POPGYM_GATE]  # the popgym-recall preset's fsmn_gate_gamma0.5
+# the popgym-recall preset's fsmn_gate_gamma0.5, with the network it was measured with
+POPGYM_RECALL = [*POPGYM_PPO_GAMMA05, *POPGYM_GATE, *FSMN_SHARED]
 
 # Equal settings: envs, steps per rollout, epochs and minibatch size (SB3's batch_size = samples per minibatch).
 PAIRS = {
@@ -73,7 +75,7 @@ PAIRS = {
         "4 envs x 128 steps, 4 epochs, minibatch 128",
     ),
     "fsmn-memory": dict(  # the FSMN's cost as its memory reaches further back: reach = blocks x order x stride
-        script=["ppo_fsmn_cartpole.py", "--env-id", "popgym-RepeatFirstEasy-v0", "--no-progress"],
+        script=["ppo_fsmn_cartpole.py", "--env-id", "popgym-RepeatFirstEasy-v0", "--no-progress", *FSMN_SHARED],
         variants={
             "order 4 (reach 8)": [],
             "order 4 stride 4 (reach 32)": ["--memory-stride", "4"],

@@ -59,9 +59,16 @@ def randomize_long_memory(block) -> None:
 
 
 def random_agent(
-    memory_order: int, num_blocks: int, obs_dim: int = 3, seed: int = 0, memory_stride: int = 1, long_memory: str = "none"
+    memory_order: int,
+    num_blocks: int,
+    obs_dim: int = 3,
+    seed: int = 0,
+    memory_stride: int = 1,
+    long_memory: str = "none",
+    separate_critic: bool = False,
 ) -> "p.Agent":
-    """An agent whose memory taps and long-memory weights are random (`randomize_long_memory`)."""
+    """An agent whose memory taps and long-memory weights are random (`randomize_long_memory`); by default one trunk
+    for both heads, whose width is the memory's (16)."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
     args = p.Args(
@@ -71,6 +78,7 @@ def random_agent(
         num_blocks=num_blocks,
         hidden_dim=16,
         prev_action=False,
+        separate_critic=separate_critic,
     )
     agent = p.Agent(obs_dim, 2, args)
     with torch.no_grad():
@@ -170,6 +178,94 @@ def test_cached_steps_equal_one_pass_sequence(memory_order, memory_stride, num_b
     torch.testing.assert_close(torch.cat([values1, values2]), step_values, rtol=0, atol=1e-5)
     torch.testing.assert_close(step_logits, reference_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(step_values, reference_values, rtol=0, atol=1e-5)
+
+
+def part_of(separate: torch.Tensor, shape: torch.Size, part: int, hidden: int = 16) -> torch.Tensor:
+    """The slice of a --separate-critic parameter that one part's own network would hold: every dimension that is
+    twice the plain network's is read as (chunks, 2 parts, hidden) and that part kept (the gate's rows: 3 chunks)."""
+    for dim, size in enumerate(shape):
+        if separate.shape[dim] != size:
+            assert separate.shape[dim] == 2 * size
+            split = separate.unflatten(dim, (size // hidden, 2, hidden))
+            separate = split.select(dim + 1, part).flatten(dim, dim + 1)
+    return separate
+
+
+@pytest.mark.parametrize("long_memory", LONG_MEMORIES)
+@pytest.mark.parametrize("memory_order", [0, 3])
+def test_separate_critic_is_two_networks_side_by_side(long_memory, memory_order):
+    """--separate-critic's one wide network gives the policy's logits of a plain network built from its first half of
+    channels and the values of one built from its second, stepwise and in one pass; the weights between the halves
+    start at zero and stay zero through Adam steps on both heads' losses, and the value's loss reaches no policy
+    weight."""
+    sep = random_agent(memory_order, 2, long_memory=long_memory, separate_critic=True)
+    with torch.no_grad():
+        for block in sep.blocks:
+            if long_memory == "gate":
+                block.gate.weight.mul_(block.gate.kept)  # randomize_long_memory filled W_f whole
+    assert sep.initial_memory(5, "cpu").shape[-1] == 32
+    plain = [random_agent(memory_order, 2, long_memory=long_memory) for _ in range(2)]
+    for part, agent in enumerate(plain):
+        agent.load_state_dict({name: part_of(sep.state_dict()[name], x.shape, part) for name, x in agent.state_dict().items()})
+    obs, starts = torch.randn(10, 5, 3), torch.rand(10, 5) < 0.2
+    starts[0] = True
+    with torch.no_grad():
+        for run in (run_steps, run_sequence):
+            logits, values = run(sep, obs, sep.initial_memory(5, "cpu"), starts)[:2]
+            torch.testing.assert_close(logits, run(plain[0], obs, plain[0].initial_memory(5, "cpu"), starts)[0])
+            torch.testing.assert_close(values, run(plain[1], obs, plain[1].initial_memory(5, "cpu"), starts)[1])
+    masked = {name: layer.kept for name, layer in sep.named_modules() if hasattr(layer, "kept")}
+    expected = {"actor", "critic"} | {f"blocks.{i}.{layer}" for i in (0, 1) for layer in ("proj_in", "proj_out")}
+    assert set(masked) == expected | ({"blocks.0.gate", "blocks.1.gate"} if long_memory == "gate" else set())
+    assert all(torch.all(sep.get_submodule(name).weight[~kept] == 0) for name, kept in masked.items())
+    optimizer = torch.optim.Adam(sep.parameters(), lr=1e-2, eps=1e-5, fused=True)
+    for _ in range(5):
+        logits, values = run_sequence(sep, obs, sep.initial_memory(5, "cpu"), starts)
+        optimizer.zero_grad()
+        (logits.square().mean() + (values - 1).square().mean()).backward()
+        optimizer.step()
+    for name, kept in masked.items():
+        weight = sep.get_submodule(name).weight
+        assert torch.all(weight[~kept] == 0) and torch.all(weight[kept] != 0), name
+    optimizer.zero_grad()
+    run_sequence(sep, obs, sep.initial_memory(5, "cpu"), starts)[1].sum().backward()  # the values alone
+    policy_params = [(name, x) for name, x in sep.named_parameters() if not name.startswith("critic.")]
+    shapes = dict(plain[0].named_parameters())
+    assert all(x.grad is None or torch.all(part_of(x.grad, shapes[name].shape, 0) == 0) for name, x in policy_params)
+    assert any(x.grad is not None and torch.any(part_of(x.grad, shapes[name].shape, 1) != 0) for name, x in policy_params)
+
+
+@pytest.mark.parametrize("separate_critic", [True, False])
+@pytest.mark.parametrize("preserving", [True, False])
+def test_obs_norm_update_preserving_leaves_the_policys_outputs_as_they_were(preserving, separate_critic):
+    """--norm-obs-preserving: after the statistics take in a batch far from the earlier ones, the policy's logits for
+    the same raw observations are what they were (its embedding absorbed the change), and so are the values where the
+    critic shares the policy's trunk; a critic of its own (--separate-critic) reads the new statistics, so its values
+    move, as everything does without the flag. Either way the statistics are the batch's, as RunningNorm makes them."""
+    torch.manual_seed(0)
+    agent = p.Agent(4, 2, p.Args(norm_obs_preserving=preserving, separate_critic=separate_critic))
+    reference = p.RunningNorm(4)
+    first, second = torch.randn(300, 4) * 0.1, torch.randn(200, 4) * torch.tensor([3.0, 0.5, 1.0, 20.0]) + 2.0
+    probe, prev_actions = torch.randn(7, 4) * 0.1, torch.randint(0, 2, (7,))  # within the clip before and after
+    starts = torch.zeros(7, dtype=torch.bool)
+
+    def outputs():
+        with torch.no_grad():
+            x = agent.observe(probe, prev_actions, starts)
+            hidden, _ = agent.get_states(x, agent.initial_memory(7, "cpu"), ~starts)
+            return agent.actor(hidden), agent.critic(hidden)
+
+    agent.update_obs_norm(first), reference.update(first)
+    (logits, values) = outputs()
+    agent.update_obs_norm(second), reference.update(second)
+    (new_logits, new_values) = outputs()
+    torch.testing.assert_close(agent.obs_norm.mean, reference.mean)
+    torch.testing.assert_close(agent.obs_norm.var, reference.var)
+    close = {
+        name: torch.allclose(new, old, rtol=1e-4, atol=1e-5)
+        for name, new, old in (("logits", new_logits, logits), ("values", new_values, values))
+    }
+    assert close == {"logits": preserving, "values": preserving and not separate_critic}
 
 
 @pytest.mark.parametrize("memory_order", [0, 2, 6])
@@ -327,7 +423,7 @@ def test_memory_decay_starts_memoryless():
     outputs = []
     for long_memory in ("none", "decay"):
         torch.manual_seed(3)
-        agent = p.Agent(3, 2, p.Args(long_memory=long_memory, hidden_dim=16, prev_action=False))
+        agent = p.Agent(3, 2, p.Args(long_memory=long_memory, hidden_dim=16, prev_action=False, separate_critic=False))
         with torch.no_grad():
             outputs.append(run_steps(agent, obs, agent.initial_memory(2, "cpu"), starts)[:2])
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
@@ -340,8 +436,8 @@ def test_memory_gate_starts_memoryless_with_forget_horizons_from_2_to_1000_steps
     forget gate is the same at every step, with log-uniform horizons 1/(1-f) from 2 to 1000 steps."""
     obs, starts = torch.randn(12, 2, 3), torch.rand(12, 2) < 0.2
     starts[0] = True
-    plain = p.Agent(3, 2, p.Args(hidden_dim=16, prev_action=False))
-    gated = p.Agent(3, 2, p.Args(long_memory="gate", hidden_dim=16, prev_action=False))
+    flags = dict(hidden_dim=16, prev_action=False, separate_critic=False)
+    plain, gated = p.Agent(3, 2, p.Args(**flags)), p.Agent(3, 2, p.Args(long_memory="gate", **flags))
     missing, unexpected = gated.load_state_dict(plain.state_dict(), strict=False)
     assert not unexpected and all(".gate" in name for name in missing), missing
     with torch.no_grad():
