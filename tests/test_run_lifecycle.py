@@ -58,7 +58,7 @@ def interrupt_twice(process: subprocess.Popen, folder) -> tuple[list[str], str, 
         lines = []
         while not lines or not lines[-1].startswith("interrupted"):
             lines.append(process.stdout.readline())
-            assert lines[-1], "".join(lines)
+            assert lines[-1], "".join(lines) + process.stderr.read()  # it ended early: its stderr says why
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
     finally:
