@@ -433,15 +433,14 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
     masked, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
     if len(rows.unique()) == 1 and (cols is None or len(cols.unique()) == 1):
         return layer
-    inputs = torch.arange(layer.in_features)
-    kept = rows[:, None] == (rows[:, None] if cols is None else cols)  # (out, in) or (out, 1): every input
     with torch.no_grad():
         layer.weight.zero_()
         for part in rows.unique():
-            r, c = (rows == part).nonzero()[:, 0], inputs if cols is None else (cols == part).nonzero()[:, 0]
-            layer.weight[r[:, None], c] = nn.init.orthogonal_(torch.empty(len(r), len(c)), std)
-    if not kept.all():
-        layer.register_buffer("kept", kept.expand_as(layer.weight).clone(), persistent=False)
+            r = (rows == part).nonzero()  # (n, 1): this part's outputs, and below its inputs (m,)
+            c = torch.arange(layer.in_features) if cols is None else (cols == part).nonzero()[:, 0]
+            layer.weight[r, c] = nn.init.orthogonal_(torch.empty(len(r), len(c)), std)
+    if cols is not None:  # (out, in): True where the weight is kept
+        layer.register_buffer("kept", rows[:, None] == cols, persistent=False)
         layer.weight.register_hook(lambda grad: grad * layer.kept)
     return layer
 
@@ -568,7 +567,7 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
         parts, width = 1 + args.separate_critic, args.hidden_dim * (1 + args.separate_critic)
-        self.memory_order, self.hidden_dim, self.n_actions = args.memory_order, width, n_actions
+        self.memory_order, self.width, self.n_actions = args.memory_order, width, n_actions
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action, self.norm_obs_preserving = args.prev_action, args.norm_obs_preserving
         part = torch.arange(parts).repeat_interleave(args.hidden_dim)  # channel c's part: 0 policy, 1 critic
@@ -606,7 +605,7 @@ class Agent(nn.Module):
         """--norm-obs's statistics take in obs (B, obs_dim), raw. With --norm-obs-preserving the policy's
         embedding absorbs the change, so that its embedding of every observation is what it was (clip aside):
         W' = W diag(s'/s) and b' = b + W (m' - m)/s, for the old and new means m, m' and stds s, s'; with
-        --separate-critic the critic's reads the new statistics as they are (preserving it too lost the gain)."""
+        --separate-critic the critic's reads the new statistics as they are (benchmarks/results/fsmn_cartpole.md)."""
         norm, d, rows = self.obs_norm, self.obs_norm.mean.shape[0], self.policy_channels
         mean, std = norm.mean.clone(), torch.sqrt(norm.var + norm.epsilon)
         norm.update(obs)
@@ -617,7 +616,7 @@ class Agent(nn.Module):
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         # N*S, the oldest tap's lag [+1: e]
         slots = self.memory_order * self.memory_stride + (self.long_memory != "none")
-        return torch.zeros(len(self.blocks), num_envs, slots, self.hidden_dim, device=device)  # (L, B, slots, H)
+        return torch.zeros(len(self.blocks), num_envs, slots, self.width, device=device)  # (L, B, slots, H)
 
     def get_states(self, x, memory, episode_starts):
         """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S [+1], H);

@@ -49,7 +49,8 @@ def test_an_earlier_commits_checkpoint_resumes_and_evaluates(tmp_path, script):
     assert kept == {**before["args"], "total_timesteps": 384, "num_iterations": 3, "resume": path}
     Args = import_script(script).Args
     # a flag added since the fixture: its default, or the value that builds the network the fixture holds
-    defaults = {f.name: f.default for f in dataclasses.fields(Args) if f.init} | getattr(Args, "OLD_CHECKPOINT_FLAGS", {})
+    defaults = {f.name: f.default for f in dataclasses.fields(Args) if f.init}
+    defaults |= getattr(Args, "OLD_CHECKPOINT_FLAGS", {})
     added = {flag: after["args"][flag] for flag in set(after["args"]) - set(before["args"])}
     assert added == {flag: defaults[flag] for flag in added}
     # the same weights; the only entries added since are statistics of a flag added since (the FSMN's --norm-reward)
