@@ -693,9 +693,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step: a KeyboardInterrupt
-        # raised wherever the signal lands (inside a finalizer, for one) can be swallowed, a flag cannot. A
-        # second signal interrupts at once.
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step (a KeyboardInterrupt raised where
+        # it lands, in a finalizer, can be swallowed; a flag cannot); a second interrupts at once. An OSError after one
+        # is the signal's too: Ctrl-C reaches the whole process group, ffmpeg encoding a video with it
         self.interrupts, stopped = [], False
 
         def on_interrupt(signum, frame):
@@ -706,7 +706,7 @@ class Run:
         previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt:
             stopped = True
         finally:
             for s in STOP_SIGNALS:

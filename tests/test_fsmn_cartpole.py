@@ -68,7 +68,7 @@ def random_agent(
     separate_critic: bool = False,
 ) -> "p.Agent":
     """An agent whose memory taps and long-memory weights are random (`randomize_long_memory`); by default one trunk
-    for both heads, whose width is the memory's (16)."""
+    for both heads, 16 channels wide (a --separate-critic's two parts 16 each)."""
     torch.manual_seed(seed)
     # prev_action off: these tests feed the network its input directly (the script builds it with `observe`)
     args = p.Args(
@@ -76,7 +76,7 @@ def random_agent(
         memory_stride=memory_stride,
         long_memory=long_memory,
         num_blocks=num_blocks,
-        hidden_dim=16,
+        hidden_dim=16 * (1 + separate_critic),  # 16 channels a part
         prev_action=False,
         separate_critic=separate_critic,
     )
@@ -373,7 +373,7 @@ def test_recall_loss_trains_the_memory_to_keep_past_inputs():
     losses = {}
     for memory_order in (4, 0):
         torch.manual_seed(0)
-        args = p.Args(memory_order=memory_order, num_blocks=1, hidden_dim=32, prev_action=False, norm_obs=False)
+        args = p.Args(memory_order=memory_order, num_blocks=1, hidden_dim=64, prev_action=False, norm_obs=False)
         agent = p.Agent(4, 2, replace(args, recall_lags=3))
         optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2)
         starts = torch.zeros(16, 8, dtype=torch.bool)

@@ -31,3 +31,30 @@ def test_sample_categorical_matches_categorical(script):
     probs = reference.probs.double()
     standard_error = (probs * (1 - probs) / draws).sqrt()
     assert ((frequencies - probs).abs() <= 5 * standard_error + 1e-12).all(), (frequencies, probs)
+
+
+WITH_LOG_PROB_ENTROPY = [name for name in SCRIPTS if hasattr(import_script(name), "categorical_log_prob_entropy")]
+
+
+def test_the_fsmn_has_a_written_out_log_prob_and_entropy():
+    assert "ppo_fsmn_cartpole" in WITH_LOG_PROB_ENTROPY
+
+
+@pytest.mark.parametrize("script", WITH_LOG_PROB_ENTROPY)
+def test_categorical_log_prob_entropy_matches_categorical(script):
+    """Log-probabilities, entropies and their gradients as Categorical's, on (T, B, actions) logits with a
+    near-certain row, and an action of zero probability (logit -inf) kept finite as Categorical keeps it."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 3, 4) * 3
+    logits[0, 0] = torch.tensor([40.0, -40.0, 0.0, 1.0])
+    logits[1, 1, 2] = -torch.inf
+    actions = torch.randint(0, 4, (6, 3))
+    actions[1, 1] = 1
+    mine, reference = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    logprob, entropy = import_script(script).categorical_log_prob_entropy(mine, actions)
+    distribution = torch.distributions.Categorical(logits=reference)
+    torch.testing.assert_close(logprob, distribution.log_prob(actions))
+    torch.testing.assert_close(entropy, distribution.entropy())
+    (logprob.sum() + 0.1 * entropy.sum()).backward()
+    (distribution.log_prob(actions).sum() + 0.1 * distribution.entropy().sum()).backward()
+    torch.testing.assert_close(mine.grad, reference.grad)
