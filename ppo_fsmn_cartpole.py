@@ -448,7 +448,7 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
 
 class PartLayerNorm(nn.LayerNorm):
     """LayerNorm on each of `parts` equal parts of the last dimension (--separate-critic), with an affine map of
-    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, took 3x the time on the CPU)."""
+    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, took 168 against 145 us a minibatch)."""
 
     def __init__(self, parts: int, dim: int):
         super().__init__(dim)
