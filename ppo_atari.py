@@ -693,9 +693,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step (a KeyboardInterrupt raised where
-        # it lands, in a finalizer, can be swallowed; a flag cannot); a second interrupts at once. An OSError after one
-        # is the signal's too: Ctrl-C reaches the whole process group, ffmpeg encoding a video with it
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step (a KeyboardInterrupt
+        # raised where it lands, in a finalizer, can be swallowed; a flag cannot); a second stops at once. An
+        # OSError after one is named and taken as the stop: Ctrl-C also reaches ffmpeg encoding a video.
         self.interrupts, stopped = [], False
 
         def on_interrupt(signum, frame):
@@ -706,8 +706,8 @@ class Run:
         previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
-        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt:
-            stopped = True
+        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:
+            stopped = stop  # true; an OSError's first line is said below
         finally:
             for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
@@ -717,8 +717,8 @@ class Run:
                 kept = f"the logs; no checkpoint: {why}"
                 if self.last_good is not None:
                     kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
-                name = signal.Signals(signum).name
-                stopped_by = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
+                stopped_by = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+                stopped_by += f" ({str(stopped).split(chr(10))[0]})" if isinstance(stopped, OSError) else ""
                 print(f"{stopped_by} during iteration {self.done_iteration + 1}; keeping {kept}")
             seconds = time.time() - self.start_time
             self.progress.close()

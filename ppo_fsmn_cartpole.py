@@ -160,7 +160,7 @@ class Args:
 
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
-    """width of every FSMN block (with --separate-critic, half of it the policy's and half the critic's)"""
+    """width of every FSMN block (with --separate-critic and --split-hidden, half the policy's, half the critic's)"""
     num_blocks: int = 2
     """number of FSMN blocks"""
     memory_order: int = 4
@@ -189,8 +189,14 @@ class Args:
     separate_critic: bool = True
     """the critic on an embedding and FSMN blocks of its own, beside the policy's, as CleanRL's ppo.py and
     SB3's RecurrentPPO (enable_critic_lstm) keep theirs apart (False: one trunk shared by both heads)"""
-    # a checkpoint saved before these flags existed holds the network they build when off (--resume, evaluation)
-    OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(separate_critic=False, norm_obs_preserving=False)
+    split_hidden: bool = True
+    """with --separate-critic, the policy and the critic take half of --hidden-dim's channels each (False: each
+    takes --hidden-dim, in a trunk twice as wide)"""
+    # a checkpoint saved before these flags existed holds the network they build when off (--resume, evaluation);
+    # one saved between 3afd24d and 0a1b5c0, a separate critic of --hidden-dim channels beside the policy's
+    OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(
+        separate_critic=False, norm_obs_preserving=False, split_hidden=False
+    )
 
     # ENGINEERING: evaluation at the end of training
     final_eval_episodes: int = 10
@@ -216,7 +222,8 @@ class Args:
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
         older = "decay" if self.memory_decay else "gate" if self.memory_gate else None  # older spellings
-        halves = "at least 1, and even with --separate-critic (the policy's half and the critic's)"
+        halves = "at least 1, and even with --separate-critic --split-hidden (the policy's half and the critic's)"
+        parts = 1 + (self.separate_critic and self.split_hidden)  # the parts --hidden-dim is split in
         # the flags every script has are checked below the banner (check_flags), then these rows, this
         # script's own (flag, accepted, what it must be): one line names the first refused, before anything
         # is written
@@ -231,7 +238,7 @@ class Args:
             ("update_epochs", self.update_epochs >= 1, "at least 1"),
             ("reward_clip", 0 < self.reward_clip < math.inf, "a positive number"),
             ("context_steps", 0 <= self.context_steps <= self.num_steps, "in [0, --num-steps]"),
-            ("hidden_dim", self.hidden_dim >= 1 and self.hidden_dim % (1 + self.separate_critic) == 0, halves),
+            ("hidden_dim", self.hidden_dim >= 1 and self.hidden_dim % parts == 0, halves),
             ("num_blocks", self.num_blocks >= 1, "at least 1"),
             ("memory_order", self.memory_order >= 0, "at least 0"),
             ("memory_stride", self.memory_stride >= 1, "at least 1"),
@@ -448,7 +455,7 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
 
 class PartLayerNorm(nn.LayerNorm):
     """LayerNorm on each of `parts` equal parts of the last dimension (--separate-critic), with an affine map of
-    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, took 168 against 145 us a minibatch)."""
+    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, is slower: sps_fsmn_cartpole.md)."""
 
     def __init__(self, parts: int, dim: int):
         super().__init__(dim)
@@ -566,20 +573,22 @@ class FSMNBlock(nn.Module):
 
 class Agent(nn.Module):
     """An observation embedding and `num_blocks` FSMN blocks, a policy head (std 0.01) and a value head
-    (std 1) on them; with --separate-critic two such trunks side by side in H = --hidden-dim channels, the
-    first half the policy's and the second the critic's (keep_blocks). Its memory: every block's last N*S
-    hidden states, (L, B, N*S, H) (N*S = 0: none), and with a --long-memory one more slot at the end for every
-    block's e: (L, B, N*S+1, H)."""
+    (std 1) on them; with --separate-critic two such trunks side by side in H = --hidden-dim channels (twice
+    that with --no-split-hidden), the first half the policy's and the second the critic's (keep_blocks). Its
+    memory: every block's last N*S hidden states, (L, B, N*S, H) (N*S = 0: none), and with a --long-memory one
+    more slot at the end for every block's e: (L, B, N*S+1, H)."""
 
     def __init__(self, obs_dim: int, n_actions: int, args: Args):
         super().__init__()
-        parts, width = 1 + args.separate_critic, args.hidden_dim
+        parts = 1 + args.separate_critic
+        width = args.hidden_dim if args.split_hidden else args.hidden_dim * parts
         self.memory_order, self.width, self.n_actions = args.memory_order, width, n_actions
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action, self.norm_obs_preserving = args.prev_action, args.norm_obs_preserving
         part = torch.arange(parts).repeat_interleave(width // parts)  # channel c's part: 0 policy, 1 critic
         self.register_buffer("policy_channels", part == 0, persistent=False)
-        self.register_buffer("one_hot_rows", torch.cat([torch.eye(n_actions), torch.zeros(1, n_actions)]), persistent=False)
+        one_hot_rows = torch.cat([torch.eye(n_actions), torch.zeros(1, n_actions)])  # (A + 1, A)
+        self.register_buffer("one_hot_rows", one_hot_rows, persistent=False)
         embed = layer_init(nn.Linear(obs_dim + n_actions * args.prev_action, width))
         self.embed = keep_blocks(embed, part, None)  # every part reads the whole input
         block = dict(memory_order=args.memory_order, memory_stride=args.memory_stride, long_memory=args.long_memory)
@@ -605,7 +614,7 @@ class Agent(nn.Module):
         x = self.obs_norm(obs)
         if not self.prev_action:
             return x
-        # one_hot's rows, or the zero row below them at a start: one index (half the time of one_hot and a product)
+        # one_hot's rows, or the zero row below them at a start: one index (faster: sps_fsmn_cartpole.md)
         one_hot = self.one_hot_rows[prev_action.masked_fill(episode_starts, self.n_actions)]
         return torch.cat([x, one_hot], dim=-1)
 
@@ -741,9 +750,11 @@ def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Categorical(logits=logits)'s log-probability of action and its entropy, from one log_softmax: the
-    update's (torch.distributions' took twice the time forward and backward, 216 against 116 us a minibatch)."""
-    log_probs = torch.log_softmax(logits, dim=-1).clamp_min(torch.finfo(logits.dtype).min)  # as Categorical's
-    return log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+    update's (torch.distributions' Categorical is slower forward and backward: sps_fsmn_cartpole.md)."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    # the entropy's log-probabilities clamped as Categorical's are: a zero probability adds 0, not 0 * -inf
+    entropy = -(log_probs.exp() * log_probs.clamp_min(torch.finfo(logits.dtype).min)).sum(-1)
+    return log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy
 
 
 def minibatch_loss(agent: Agent, args: Args, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -1045,9 +1056,9 @@ class Run:
         self.next_line = time.time() + PLAIN_LINE_SECONDS
         self.recent_returns, self.done_iteration, self.last_good = [], self.start_iteration - 1, None
         self.progress = tqdm(range(self.start_iteration, args.num_iterations + 1), disable=not args.progress)
-        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step (a KeyboardInterrupt raised where
-        # it lands, in a finalizer, can be swallowed; a flag cannot); a second interrupts at once. An OSError after one
-        # is the signal's too: Ctrl-C reaches the whole process group, ffmpeg encoding a video with it
+        # A stop signal (Ctrl-C, SIGTERM, SIGUSR1) is honoured at the next env step (a KeyboardInterrupt
+        # raised where it lands, in a finalizer, can be swallowed; a flag cannot); a second stops at once. An
+        # OSError after one is named and taken as the stop: Ctrl-C also reaches ffmpeg encoding a video.
         self.interrupts, stopped = [], False
 
         def on_interrupt(signum, frame):
@@ -1058,8 +1069,8 @@ class Run:
         previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
-        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt:
-            stopped = True
+        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:
+            stopped = stop  # true; an OSError's first line is said below
         finally:
             for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
@@ -1069,8 +1080,8 @@ class Run:
                 kept = f"the logs; no checkpoint: {why}"
                 if self.last_good is not None:
                     kept = f"the logs and the checkpoint of iteration {self.last_good['iteration']}"
-                name = signal.Signals(signum).name
-                stopped_by = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
+                stopped_by = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+                stopped_by += f" ({str(stopped).split(chr(10))[0]})" if isinstance(stopped, OSError) else ""
                 print(f"{stopped_by} during iteration {self.done_iteration + 1}; keeping {kept}")
             seconds = time.time() - self.start_time
             self.progress.close()

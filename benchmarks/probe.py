@@ -113,7 +113,7 @@ def logits_of(agent: "fsmn.Agent", obs: torch.Tensor, answers: torch.Tensor) -> 
 
 
 def probe(args: Args, flags: list[str], train: tuple, test: tuple) -> dict:
-    # one trunk of --hidden-dim channels, as measured (a --separate-critic's policy has half of them); flags override
+    # one trunk of --hidden-dim channels, as measured (a --separate-critic's policy has half); the flags override
     script_args, _ = fsmn.cli(["--env-id", args.env_id, "--no-separate-critic", *flags])
     script_args = replace(script_args, norm_obs=False)  # one-hot cards: nothing to normalise
     torch.manual_seed(args.seed)

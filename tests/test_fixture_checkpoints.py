@@ -12,11 +12,13 @@ from conftest import ROOT, import_script, run_script
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 SCRIPTS = ["ppo_fsmn_cartpole", "ppo_continuous", "ppg_lunarlander", "ppo_atari", "ppo_transformer_pong"]
+# (script, fixture): each script's, and the FSMN's from aae4583, whose separate critic was a trunk twice as wide
+FIXTURE_FILES = [(script, script) for script in SCRIPTS] + [("ppo_fsmn_cartpole", "ppo_fsmn_cartpole_aae4583")]
 
 
-def place_fixture(script: str, folder: str) -> str:
+def place_fixture(fixture: str, folder: str) -> str:
     """The fixture as its run left it, runs/<run_name>/checkpoint.pt under `folder`; returns that path, relative."""
-    source = os.path.join(FIXTURES, f"{script}.pt")
+    source = os.path.join(FIXTURES, f"{fixture}.pt")
     if os.path.exists(source):
         data = open(source, "rb").read()
     else:  # the large one, compressed
@@ -30,10 +32,10 @@ def place_fixture(script: str, folder: str) -> str:
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_an_earlier_commits_checkpoint_resumes_and_evaluates(tmp_path, script):
+@pytest.mark.parametrize("script, fixture", FIXTURE_FILES)
+def test_an_earlier_commits_checkpoint_resumes_and_evaluates(tmp_path, script, fixture):
     cwd = str(tmp_path)
-    path = place_fixture(script, cwd)
+    path = place_fixture(fixture, cwd)
     before = torch.load(os.path.join(cwd, path), weights_only=True)
     assert (before["iteration"], before["global_step"]) == (2, 256)
 

@@ -235,6 +235,19 @@ def test_separate_critic_is_two_networks_side_by_side(long_memory, memory_order)
     assert any(x.grad is not None and torch.any(part_of(x.grad, shapes[name].shape, 1) != 0) for name, x in policy_params)
 
 
+def test_a_separate_critic_takes_half_of_hidden_dim_and_an_odd_one_is_refused():
+    """--separate-critic splits --hidden-dim's channels between the policy and the critic (--no-split-hidden: each
+    takes --hidden-dim, the trunk twice as wide); an odd --hidden-dim is refused in one line naming the flag, unless
+    the trunk is not split."""
+    for flags, width, policy in (({}, 64, 32), ({"split_hidden": False}, 128, 64), ({"separate_critic": False}, 64, 64)):
+        agent = p.Agent(4, 2, p.Args(**flags))
+        assert (agent.width, int(agent.policy_channels.sum()), agent.embed.out_features) == (width, policy, width), flags
+    with pytest.raises(SystemExit, match=r"^error: --hidden-dim=63 must be at least 1, and even with --separate-critic"):
+        p.Args(hidden_dim=63)
+    for flags in ({"split_hidden": False}, {"separate_critic": False}):  # nothing split: accepted
+        assert p.Args(hidden_dim=63, **flags).hidden_dim == 63
+
+
 @pytest.mark.parametrize("separate_critic", [True, False])
 @pytest.mark.parametrize("preserving", [True, False])
 def test_obs_norm_update_preserving_leaves_the_policys_outputs_as_they_were(preserving, separate_critic):

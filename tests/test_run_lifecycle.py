@@ -52,7 +52,7 @@ def interrupt_twice(process: subprocess.Popen, folder) -> tuple[list[str], str, 
     try:
         deadline = time.time() + 300  # generous: a start-up on a busy machine takes long
         # two videos (episodes 0 and 1): the next one recorded is episode 8's, so the Ctrl-C does not land while
-        # ffmpeg, in the same process group, encodes one (a stop too, but without the video: test below)
+        # ffmpeg, in the same process group, encodes one (a stop too: test_an_oserror_after_ctrl_c_...)
         while time.time() < deadline and sum(len(media_videos(run)) for run in offline_runs(folder)) < 2:
             time.sleep(0.2)
         assert sum(len(media_videos(run)) for run in offline_runs(folder)) >= 2, "no video reached W&B while training"
@@ -175,14 +175,14 @@ def test_ctrl_c_without_save_model_promises_no_checkpoint(in_tmp, monkeypatch, c
 @pytest.mark.parametrize("signalled", [True, False])
 def test_an_oserror_after_ctrl_c_is_the_stop_and_without_one_an_error(in_tmp, monkeypatch, capsys, signalled):
     """Ctrl-C reaches the whole process group: ffmpeg, encoding a video inside an env step, dies of it and the step
-    raises an OSError (a broken pipe). After a stop signal that ends the run as the signal would; without one, the
-    OSError is raised as it is."""
+    raises an OSError (a broken pipe). After a stop signal that ends the run as the signal would, its line naming the
+    error; without one, the OSError is raised as it is."""
     script = import_script(SCRIPT[: -len(".py")])
 
     def ffmpeg_killed(*args, **kwargs):
         if signalled:
             os.kill(os.getpid(), signal.SIGINT)
-        raise OSError(32, "Broken pipe")
+        raise OSError(32, "Broken pipe\n\nMoviePy error: FFMPEG encountered the following error ...")
 
     monkeypatch.setattr(script, "compute_gae", ffmpeg_killed)
     with pytest.raises(SystemExit if signalled else OSError) as stop:
@@ -190,7 +190,8 @@ def test_an_oserror_after_ctrl_c_is_the_stop_and_without_one_an_error(in_tmp, mo
     lines = capsys.readouterr().out.splitlines()
     if signalled:
         assert stop.value.code == 130
-        assert "interrupted during iteration 1; keeping the logs; no checkpoint: no --save-model" in lines, lines
+        kept = "keeping the logs; no checkpoint: no --save-model"
+        assert f"interrupted ([Errno 32] Broken pipe) during iteration 1; {kept}" in lines, lines
     else:
         assert stop.value.errno == 32 and not any(line.startswith("interrupted") for line in lines), lines
 

@@ -43,7 +43,8 @@ def test_the_fsmn_has_a_written_out_log_prob_and_entropy():
 @pytest.mark.parametrize("script", WITH_LOG_PROB_ENTROPY)
 def test_categorical_log_prob_entropy_matches_categorical(script):
     """Log-probabilities, entropies and their gradients as Categorical's, on (T, B, actions) logits with a
-    near-certain row, and an action of zero probability (logit -inf) kept finite as Categorical keeps it."""
+    near-certain row and a row with a -inf logit (its entropy finite, as Categorical keeps it); that action taken,
+    the log-probability -inf, as Categorical's."""
     torch.manual_seed(0)
     logits = torch.randn(6, 3, 4) * 3
     logits[0, 0] = torch.tensor([40.0, -40.0, 0.0, 1.0])
@@ -55,6 +56,11 @@ def test_categorical_log_prob_entropy_matches_categorical(script):
     distribution = torch.distributions.Categorical(logits=reference)
     torch.testing.assert_close(logprob, distribution.log_prob(actions))
     torch.testing.assert_close(entropy, distribution.entropy())
+    assert torch.isfinite(entropy).all()
     (logprob.sum() + 0.1 * entropy.sum()).backward()
     (distribution.log_prob(actions).sum() + 0.1 * distribution.entropy().sum()).backward()
     torch.testing.assert_close(mine.grad, reference.grad)
+    actions[1, 1] = 2  # the action of probability 0
+    logprob, _ = import_script(script).categorical_log_prob_entropy(logits, actions)
+    torch.testing.assert_close(logprob, torch.distributions.Categorical(logits=logits).log_prob(actions))
+    assert logprob[1, 1] == -torch.inf
