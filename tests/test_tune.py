@@ -308,10 +308,8 @@ def test_tiny_study_stops_on_ctrl_c_or_sigterm_resumes_and_prunes(tmp_path, sign
         assert f"![tune_tiny_{kind}.png](tune_tiny_{kind}.png)" in text
         assert (out / f"tune_tiny_{kind}.png").exists()
     runs = glob.glob(str(out / "trials" / "*" / "runs" / "CartPole-v1__trial*__1__*"))
-    assert sorted(run.split(os.sep)[-3] for run in runs) == [
-        "0",
-        "2",
-    ]  # trial 1 stopped before its run began
+    # trial 1 was stopped while its script started: before its run folder, mostly, but on a busy machine after
+    assert sorted(run.split(os.sep)[-3] for run in runs) in (["0", "2"], ["0", "1", "2"])
 
 
 @pytest.mark.smoke
