@@ -160,7 +160,7 @@ class Args:
 
     # ALGO LOGIC: network arguments
     hidden_dim: int = 64
-    """width of every FSMN block (with --separate-critic and --split-hidden, half the policy's, half the critic's)"""
+    """width of every FSMN block (--separate-critic --split-hidden: half the policy's, half the critic's)"""
     num_blocks: int = 2
     """number of FSMN blocks"""
     memory_order: int = 4
@@ -222,7 +222,7 @@ class Args:
         self.minibatch_size = self.batch_size // max(self.num_minibatches, 1)
         self.num_iterations = self.total_timesteps // max(self.batch_size, 1)
         older = "decay" if self.memory_decay else "gate" if self.memory_gate else None  # older spellings
-        halves = "at least 1, and even with --separate-critic --split-hidden (the policy's half and the critic's)"
+        halves = "at least 1, and even with --separate-critic --split-hidden (a half for each)"
         parts = 1 + (self.separate_critic and self.split_hidden)  # the parts --hidden-dim is split in
         # the flags every script has are checked below the banner (check_flags), then these rows, this
         # script's own (flag, accepted, what it must be): one line names the first refused, before anything
