@@ -434,11 +434,27 @@ def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: t
     return u
 
 
+class KeptLinear(nn.Linear):
+    """keep_blocks' layer: `layer`'s parameters, whose weights outside `kept` (out, in) are zero and stay zero.
+    Where a gradient is taken, its forward reads weight * kept, so that they get none (a hook on the weight's
+    gradient is slower: sps_fsmn_cartpole.md); elsewhere the weight as it is, the same values."""
+
+    def __init__(self, layer: nn.Linear, kept: torch.Tensor):
+        nn.Module.__init__(self)  # not nn.Linear's, which would make (and draw) parameters of its own
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias
+        self.register_buffer("kept", kept, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight * self.kept if torch.is_grad_enabled() else self.weight
+        return nn.functional.linear(x, weight, self.bias)
+
+
 def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None, std=2**0.5) -> nn.Linear:
     """--separate-critic's networks side by side in one layer: output i reads input j only where rows[i] ==
     cols[j], their parts (cols None: every input, shared by the parts). Each part's block starts as layer_init
-    would start a layer of its own; the weights between parts start at zero and stay zero (their gradient is
-    masked, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
+    would start a layer of its own; the weights between parts start at zero and stay zero (a KeptLinear: they get
+    no gradient, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
     if len(rows.unique()) == 1 and (cols is None or len(cols.unique()) == 1):
         return layer
     with torch.no_grad():
@@ -447,10 +463,7 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
             r = (rows == part).nonzero()  # (n, 1): this part's outputs, and below its inputs (m,)
             c = torch.arange(layer.in_features) if cols is None else (cols == part).nonzero()[:, 0]
             layer.weight[r, c] = nn.init.orthogonal_(torch.empty(len(r), len(c)), std)
-    if cols is not None:  # (out, in): True where the weight is kept
-        layer.register_buffer("kept", rows[:, None] == cols, persistent=False)
-        layer.weight.register_hook(lambda grad: grad * layer.kept)
-    return layer
+    return layer if cols is None else KeptLinear(layer, rows[:, None] == cols)  # kept: (out, in)
 
 
 class PartLayerNorm(nn.LayerNorm):
@@ -650,11 +663,11 @@ class Agent(nn.Module):
         hidden, _ = self.get_states(x, memory, episode_starts)
         return self.critic(hidden).squeeze(-1)
 
-    def get_action_and_value(self, x, memory, episode_starts, action=None):
+    def get_action_and_value(self, x, memory, episode_starts, action=None, gumbel=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
         logits, value = self.actor(hidden), self.critic(hidden).squeeze(-1)
-        if action is None:  # the rollout's call: a sample and its log-probability, without the entropy
-            return *sample_categorical(logits), None, value, memory
+        if action is None:  # the rollout's call: a sample (gumbel: its noise) and its log-probability, no entropy
+            return *sample_categorical(logits, gumbel), None, value, memory
         return action, *categorical_log_prob_entropy(logits, action), value, memory
 
     def get_states_sequence(self, x, memory, episode_starts):
@@ -739,11 +752,17 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
     return torch.where(var_y == 0, torch.nan, 1 - torch.var(returns - values) / var_y)
 
 
-def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_noise(shape: tuple, device: torch.device) -> torch.Tensor:
+    """Gumbel(0, 1) noise for sample_categorical, -log of Exp(1) draws; a rollout's drawn at once are the draws
+    it would make step by step, in fewer calls."""
+    return -torch.empty(shape, device=device).exponential_().clamp_min_(torch.finfo().tiny).log()  # never log(0)
+
+
+def sample_categorical(logits: torch.Tensor, gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
-    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster)."""
-    # never log(0)
-    gumbel = -torch.empty_like(logits).exponential_().clamp_min_(torch.finfo(logits.dtype).tiny).log()
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster). gumbel: the noise,
+    drawn ahead by gumbel_noise, or None (drawn here)."""
+    gumbel = gumbel_noise(logits.shape, logits.device) if gumbel is None else gumbel
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
@@ -821,9 +840,10 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    obs_dim = envs.single_observation_space.shape[0]
-    agent = Agent(obs_dim, envs.single_action_space.n, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    obs_dim, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
+    agent = Agent(obs_dim, n_actions, args).to(device)
+    parameters = list(agent.parameters())  # a list: clip_grad_norm_ walks a generator more slowly
+    optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=1e-5, fused=True)
     get_action_and_value, loss_fn = agent.get_action_and_value, minibatch_loss
     if args.compile:  # the same parameters, compiled; `agent` is what gets saved
         get_action_and_value, loss_fn = torch.compile(get_action_and_value), torch.compile(loss_fn)
@@ -863,6 +883,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             # ALGO LOGIC: rollout
             initial_memory = memory.clone()  # training replays each sequence from here (or its context)
             final_values.zero_()
+            gumbel = gumbel_noise((args.num_steps, args.num_envs, n_actions), device)  # the rollout's sampling noise
             for step in range(args.num_steps):
                 run.check_interrupt()
                 if step == args.num_steps - args.context_steps:  # the next rollout's context starts here
@@ -874,7 +895,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
                 with torch.inference_mode():  # no autograd records (faster than no_grad); statistics frozen
                     x = agent.observe(next_obs, action, next_done)
-                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done)
+                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done, gumbel=gumbel[step])
                 values[step] = value
                 actions[step] = action
                 logprobs[step] = logprob
@@ -935,7 +956,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                     loss, mb_stats = loss_fn(agent, args, minibatch)
                     optimizer.zero_grad()
                     loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
                     optimizer.step()
                     stats.append(mb_stats)
 

@@ -46,7 +46,8 @@ LONG_MEMORIES = ["none", "decay", "gate"]
 def randomize_long_memory(block) -> None:
     """Random read-out weights d (they start at zero, which would hide a wrong memory); --long-memory decay's decays spread
     wider than the initial ones, from a horizon of 1 step to 400; --long-memory gate's forget gate made input-dependent
-    (W_f starts at zero) around the same spread of biases."""
+    (W_f starts at zero) around the same spread of biases; with --separate-critic only within each part's block (the
+    weights between parts are zero, as they always are in training)."""
     dim = block.taps.shape[1]
     with torch.no_grad():
         if block.long_memory == "decay":
@@ -55,6 +56,7 @@ def randomize_long_memory(block) -> None:
         if block.long_memory == "gate":
             block.gate_weights.normal_(0.0, 0.5)
             block.gate.weight[:dim].normal_(0.0, 1.0)
+            block.gate.weight.mul_(getattr(block.gate, "kept", 1.0))
             block.gate.bias[:dim].copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
 
 
@@ -199,10 +201,6 @@ def test_separate_critic_is_two_networks_side_by_side(long_memory, memory_order)
     start at zero and stay zero through Adam steps on both heads' losses, and the value's loss reaches no policy
     weight."""
     sep = random_agent(memory_order, 2, long_memory=long_memory, separate_critic=True)
-    with torch.no_grad():
-        for block in sep.blocks:
-            if long_memory == "gate":
-                block.gate.weight.mul_(block.gate.kept)  # randomize_long_memory filled W_f whole
     assert sep.initial_memory(5, "cpu").shape[-1] == 32
     plain = [random_agent(memory_order, 2, long_memory=long_memory) for _ in range(2)]
     for part, agent in enumerate(plain):
