@@ -369,7 +369,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class RunningNorm(nn.Module):
     """Normalisation by a running mean and variance (Chan et al.'s parallel update, as SB3's VecNormalize),
-    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen."""
+    clipped to +-clip. Checkpoints carry its buffers; evaluation never calls `update`: frozen. Its std,
+    sqrt(var + epsilon), is kept beside them, set where the variance changes (the rollout's step reads it)."""
 
     def __init__(self, dim: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -377,6 +378,12 @@ class RunningNorm(nn.Module):
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(1e-4))
+        self.register_buffer("std", torch.sqrt(self.var + epsilon), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, keys: module.set_std())
+
+    @torch.no_grad()
+    def set_std(self) -> None:
+        self.std.copy_(torch.sqrt(self.var + self.epsilon))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -387,9 +394,10 @@ class RunningNorm(nn.Module):
         var = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
         self.var.copy_(var / total)
         self.count.copy_(total)
+        self.set_std()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x - self.mean) / torch.sqrt(self.var + self.epsilon), -self.clip, self.clip)
+        return torch.clamp((x - self.mean) / self.std, -self.clip, self.clip)
 
 
 class RewardScale(nn.Module):
@@ -411,7 +419,7 @@ class RewardScale(nn.Module):
             returns[t] = self.discounted
             self.discounted = self.discounted * ~dones[t]  # a new episode's return starts from 0
         self.returns.update(torch.as_tensor(returns, device=self.returns.mean.device).reshape(-1, 1))
-        std = np.float32(torch.sqrt(self.returns.var + self.returns.epsilon).item())
+        std = np.float32(self.returns.std.item())
         return np.clip(rewards / std, -self.clip, self.clip)
 
 
@@ -468,13 +476,16 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
 
 class PartLayerNorm(nn.LayerNorm):
     """LayerNorm on each of `parts` equal parts of the last dimension (--separate-critic), with an affine map of
-    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, is slower: sps_fsmn_cartpole.md)."""
+    all of it: layer_norm on (..., parts, C/parts), GroupNorm's map (group_norm is slower forward and backward on a
+    sequence, faster on one step: sps_fsmn_cartpole.md)."""
 
     def __init__(self, parts: int, dim: int):
         super().__init__(dim)
         self.parts = parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the rollout's step, (B, C): group_norm takes it in one call
+            return nn.functional.group_norm(x, self.parts, self.weight, self.bias, self.eps)
         parts = x.unflatten(-1, (self.parts, -1))  # (..., parts, C/parts)
         normalised = nn.functional.layer_norm(parts, parts.shape[-1:], eps=self.eps)
         return torch.addcmul(self.bias, normalised.flatten(-2), self.weight)
@@ -638,11 +649,11 @@ class Agent(nn.Module):
         W' = W diag(s'/s) and b' = b + W (m' - m)/s, for the old and new means m, m' and stds s, s'; with
         --separate-critic the critic's reads the new statistics as they are (benchmarks/results/fsmn_cartpole.md)."""
         norm, d, rows = self.obs_norm, self.obs_norm.mean.shape[0], self.policy_channels
-        mean, std = norm.mean.clone(), torch.sqrt(norm.var + norm.epsilon)
+        mean, std = norm.mean.clone(), norm.std.clone()
         norm.update(obs)
         if self.norm_obs_preserving:
             self.embed.bias[rows] += self.embed.weight[rows, :d] @ ((norm.mean - mean) / std)
-            self.embed.weight[rows, :d] *= torch.sqrt(norm.var + norm.epsilon) / std
+            self.embed.weight[rows, :d] *= norm.std / std
 
     def initial_memory(self, num_envs: int, device: torch.device) -> torch.Tensor:
         # N*S, the oldest tap's lag [+1: e]

@@ -498,6 +498,19 @@ def test_running_norm_matches_sb3_running_mean_std():
     np.testing.assert_allclose(norm(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected, rtol=1e-3, atol=1e-3)
 
 
+def test_running_norm_given_statistics_by_load_state_dict_normalises_by_them():
+    """The std a RunningNorm keeps beside its statistics follows them: one given another's by load_state_dict (a
+    checkpoint resumed or evaluated) normalises as that one does, by sqrt(var + epsilon) of the loaded variance."""
+    torch.manual_seed(0)
+    trained, loaded = p.RunningNorm(3), p.RunningNorm(3)
+    trained.update(torch.randn(50, 3) * torch.tensor([4.0, 0.1, 1.0]) + 2.0)
+    loaded.load_state_dict(trained.state_dict())
+    x = torch.randn(7, 3) * 3.0
+    expected = torch.clamp((x - trained.mean) / torch.sqrt(trained.var + trained.epsilon), -10.0, 10.0)
+    torch.testing.assert_close(trained(x), expected)
+    torch.testing.assert_close(loaded(x), expected)
+
+
 def test_reward_scale_divides_by_the_std_of_every_discounted_return_so_far():
     """--norm-reward against a plain loop: each env's discounted return, restarted after every episode end and
     carried from one rollout to the next; a rollout's rewards divided by the std of all those returns up to its end
