@@ -476,16 +476,13 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
 
 class PartLayerNorm(nn.LayerNorm):
     """LayerNorm on each of `parts` equal parts of the last dimension (--separate-critic), with an affine map of
-    all of it: layer_norm on (..., parts, C/parts), GroupNorm's map (group_norm is slower forward and backward on a
-    sequence, faster on one step: sps_fsmn_cartpole.md)."""
+    all of it: layer_norm on (..., parts, C/parts) (GroupNorm, the same map, is slower: sps_fsmn_cartpole.md)."""
 
     def __init__(self, parts: int, dim: int):
         super().__init__(dim)
         self.parts = parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:  # the rollout's step, (B, C): group_norm takes it in one call
-            return nn.functional.group_norm(x, self.parts, self.weight, self.bias, self.eps)
         parts = x.unflatten(-1, (self.parts, -1))  # (..., parts, C/parts)
         normalised = nn.functional.layer_norm(parts, parts.shape[-1:], eps=self.eps)
         return torch.addcmul(self.bias, normalised.flatten(-2), self.weight)
