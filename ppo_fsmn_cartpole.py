@@ -396,8 +396,13 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
         self.set_std()
 
+    def bound(self) -> typing.Callable:
+        """forward as a function over the statistics this module keeps (updated in place, they reach it)."""
+        mean, std, clip = self.mean, self.std, self.clip
+        return lambda x: torch.clamp((x - mean) / std, -clip, clip)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x - self.mean) / self.std, -self.clip, self.clip)
+        return self.bound()(x)
 
 
 class RewardScale(nn.Module):
@@ -454,8 +459,13 @@ class KeptLinear(nn.Linear):
         self.register_buffer("kept", kept, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight * self.kept if torch.is_grad_enabled() else self.weight
-        return nn.functional.linear(x, weight, self.bias)
+        return nn.functional.linear(x, *linear_weights(self))
+
+
+def linear_weights(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias that `layer`'s forward reads now: a KeptLinear's weight masked where a gradient is taken."""
+    kept = getattr(layer, "kept", None)
+    return (layer.weight * kept if kept is not None and torch.is_grad_enabled() else layer.weight), layer.bias
 
 
 def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None, std=2**0.5) -> nn.Linear:
@@ -483,9 +493,21 @@ class PartLayerNorm(nn.LayerNorm):
         self.parts = parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = x.unflatten(-1, (self.parts, -1))  # (..., parts, C/parts)
-        normalised = nn.functional.layer_norm(parts, parts.shape[-1:], eps=self.eps)
-        return torch.addcmul(self.bias, normalised.flatten(-2), self.weight)
+        return part_layer_norm(x, self.parts, self.weight, self.bias, self.eps)
+
+
+def part_layer_norm(x: torch.Tensor, parts: int, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    split = x.unflatten(-1, (parts, -1))  # (..., parts, C/parts)
+    normalised = nn.functional.layer_norm(split, split.shape[-1:], eps=eps)
+    return torch.addcmul(bias, normalised.flatten(-2), weight)
+
+
+def bound_norm(norm: nn.LayerNorm) -> typing.Callable:
+    """norm's forward (a LayerNorm's or a PartLayerNorm's) as a function over its weights: FSMNBlock.bound_step."""
+    weight, bias, eps, parts = norm.weight, norm.bias, norm.eps, getattr(norm, "parts", 1)
+    if parts == 1:
+        return lambda x: nn.functional.layer_norm(x, weight.shape, weight, bias, eps)
+    return lambda x: part_layer_norm(x, parts, weight, bias, eps)
 
 
 class FSMNBlock(nn.Module):
@@ -548,24 +570,36 @@ class FSMNBlock(nn.Module):
     def step(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, H); memory: (B, N*S [+1], H) with memory[:, j] = h_{t-1-j} for j < N*S and, with a
         --long-memory, memory[:, N*S] = e_{t-1}; already zeroed at episode starts."""
-        span = self.memory_order * self.memory_stride
-        h = torch.tanh(self.proj_in(x))  # (B, H)
-        window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
-        # taps on h_t, h_{t-S}, ..., h_{t-N*S}
-        m = h + (self.taps * window[:, :: self.memory_stride]).sum(dim=1)  # (B, H)
-        new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
-        if self.long_memory == "decay":
-            decay, gain = self.decay()
-            e = decay * memory[:, span] + gain * h  # (B, H)
-            m = m + self.decay_weights * e
-            new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
-        y = self.norm(x + self.proj_out(m))
-        if self.long_memory == "gate":
-            forget, write = self.gates(x)  # (B, H) each
-            e = forget * memory[:, span] + write  # (B, H)
-            y = y + self.gate_weights * e  # after the normalisation (see the class's docstring)
-            new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
-        return y, new_memory
+        return self.bound_step()(x, memory)
+
+    def bound_step(self) -> typing.Callable:
+        """`step` as a function over this block's weights, read here once: a rollout binds it once and its steps
+        make no nn.Module calls or attribute lookups, which cost more than a step's arithmetic on a few envs
+        (sps_fsmn_cartpole.md). Bound where no gradient is taken, it reads the parameters themselves, and an
+        update in place (Adam's, load_state_dict's) reaches it; where one is, a KeptLinear's masked weight."""
+        span, stride, long_memory = self.memory_order * self.memory_stride, self.memory_stride, self.long_memory
+        taps = self.taps
+        (w_in, b_in), (w_out, b_out), norm = linear_weights(self.proj_in), linear_weights(self.proj_out), bound_norm(self.norm)
+
+        def step(x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = torch.tanh(nn.functional.linear(x, w_in, b_in))  # (B, H)
+            window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
+            m = h + (taps * window[:, ::stride]).sum(dim=1)  # (B, H): taps on h_t, h_{t-S}, ..., h_{t-N*S}
+            new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
+            if long_memory == "decay":
+                decay, gain = self.decay()
+                e = decay * memory[:, span] + gain * h  # (B, H)
+                m = m + self.decay_weights * e
+                new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
+            y = norm(x + nn.functional.linear(m, w_out, b_out))
+            if long_memory == "gate":
+                forget, write = self.gates(x)  # (B, H) each
+                e = forget * memory[:, span] + write  # (B, H)
+                y = y + self.gate_weights * e  # after the normalisation (see the class's docstring)
+                new_memory = torch.cat([new_memory, e.unsqueeze(1)], dim=1)  # (B, N*S+1, H)
+            return y, new_memory
+
+        return step
 
     def sequence(
         self, x: torch.Tensor, memory: torch.Tensor, same_episode: torch.Tensor, episode_starts: torch.Tensor
@@ -603,7 +637,7 @@ class Agent(nn.Module):
         super().__init__()
         parts = 1 + args.separate_critic
         width = args.hidden_dim if args.split_hidden else args.hidden_dim * parts
-        self.memory_order, self.width, self.n_actions = args.memory_order, width, n_actions
+        self.memory_order, self.width, self.n_actions = args.memory_order, width, int(n_actions)  # not numpy's int
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action, self.norm_obs_preserving = args.prev_action, args.norm_obs_preserving
         part = torch.arange(parts).repeat_interleave(width // parts)  # channel c's part: 0 policy, 1 critic
@@ -632,12 +666,21 @@ class Agent(nn.Module):
         """The network's input (..., obs_dim [+ n_actions]): the normalised observation and, with
         --prev-action, the previous action one-hot, zero at an episode start. obs: (..., obs_dim) raw;
         prev_action, episode_starts: (...)."""
-        x = self.obs_norm(obs)
-        if not self.prev_action:
-            return x
-        # one_hot's rows, or the zero row below them at a start: one index (faster: sps_fsmn_cartpole.md)
-        one_hot = self.one_hot_rows[prev_action.masked_fill(episode_starts, self.n_actions)]
-        return torch.cat([x, one_hot], dim=-1)
+        return self.bound_observe()(obs, prev_action, episode_starts)
+
+    def bound_observe(self) -> typing.Callable:
+        """`observe` as a function over the statistics, read here once (FSMNBlock.bound_step says why)."""
+        normalise = self.obs_norm.bound() if isinstance(self.obs_norm, RunningNorm) else self.obs_norm
+        rows, n_actions, prev_action_input = self.one_hot_rows, self.n_actions, self.prev_action
+
+        def observe(obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+            x = normalise(obs)
+            if not prev_action_input:
+                return x
+            # one_hot's rows, or the zero row below them at a start: one index (faster: sps_fsmn_cartpole.md)
+            return torch.cat([x, rows[prev_action.masked_fill(episode_starts, n_actions)]], dim=-1)
+
+        return observe
 
     @torch.no_grad()
     def update_obs_norm(self, obs: torch.Tensor) -> None:
@@ -660,23 +703,48 @@ class Agent(nn.Module):
     def get_states(self, x, memory, episode_starts):
         """One step for every env. x: (B, input_dim) from `observe`; memory: (L, B, N*S [+1], H);
         episode_starts: (B,). Returns the features (B, H) and the next memory."""
-        memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at episode starts
-        x, new_memory = torch.tanh(self.embed(x)), []
-        for block, block_memory in zip(self.blocks, memory):
-            x, block_memory = block.step(x, block_memory)
-            new_memory.append(block_memory)
-        return x, torch.stack(new_memory)
+        return self.bound_states()(x, memory, episode_starts)
+
+    def bound_states(self) -> typing.Callable:
+        """`get_states` as a function over the weights, read here once (FSMNBlock.bound_step says why)."""
+        (w_embed, b_embed), blocks = linear_weights(self.embed), [block.bound_step() for block in self.blocks]
+
+        def get_states(x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> tuple:
+            memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at episode starts
+            x, new_memory = torch.tanh(nn.functional.linear(x, w_embed, b_embed)), []
+            for block_step, block_memory in zip(blocks, memory):
+                x, block_memory = block_step(x, block_memory)
+                new_memory.append(block_memory)
+            return x, torch.stack(new_memory)
+
+        return get_states
 
     def get_value(self, x, memory, episode_starts):
         hidden, _ = self.get_states(x, memory, episode_starts)
         return self.critic(hidden).squeeze(-1)
 
-    def get_action_and_value(self, x, memory, episode_starts, action=None, gumbel=None):
+    def get_action_and_value(self, x, memory, episode_starts, action=None):
         hidden, memory = self.get_states(x, memory, episode_starts)
         logits, value = self.actor(hidden), self.critic(hidden).squeeze(-1)
-        if action is None:  # the rollout's call: a sample (gumbel: its noise) and its log-probability, no entropy
-            return *sample_categorical(logits, gumbel), None, value, memory
+        if action is None:  # a sample and its log-probability, without the entropy
+            return *sample_categorical(logits), None, value, memory
         return action, *categorical_log_prob_entropy(logits, action), value, memory
+
+    @torch.no_grad()
+    def rollout_step(self) -> typing.Callable:
+        """The rollout's step, `observe` then `get_action_and_value`'s sample, as one function over the weights and
+        statistics, read here once (FSMNBlock.bound_step says why), where no gradient is taken: updates in place reach
+        it; bind it after the agent's last move to a device. (obs, prev_action, episode_starts, memory, gumbel) ->
+        (action, its log-probability, value, next memory); gumbel: the step's noise for sample_categorical."""
+        observe, get_states = self.bound_observe(), self.bound_states()
+        (w_actor, b_actor), (w_critic, b_critic) = linear_weights(self.actor), linear_weights(self.critic)
+
+        def step(obs, prev_action, episode_starts, memory, gumbel) -> tuple:
+            hidden, memory = get_states(observe(obs, prev_action, episode_starts), memory, episode_starts)
+            logits, value = nn.functional.linear(hidden, w_actor, b_actor), nn.functional.linear(hidden, w_critic, b_critic)
+            return *sample_categorical(logits, gumbel), value.squeeze(-1), memory
+
+        return step
 
     def get_states_sequence(self, x, memory, episode_starts):
         """A whole rollout in one pass. x: (T, B, input_dim); memory (L, B, N*S [+1], H) at the rollout's start;
@@ -850,11 +918,10 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs_dim, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(obs_dim, n_actions, args).to(device)
-    parameters = list(agent.parameters())  # a list: clip_grad_norm_ walks a generator more slowly
-    optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=1e-5, fused=True)
-    get_action_and_value, loss_fn = agent.get_action_and_value, minibatch_loss
-    if args.compile:  # the same parameters, compiled; `agent` is what gets saved
-        get_action_and_value, loss_fn = torch.compile(get_action_and_value), torch.compile(loss_fn)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    rollout_step, loss_fn = agent.rollout_step(), minibatch_loss  # the same parameters: `agent` is what gets saved
+    if args.compile:
+        rollout_step, loss_fn = torch.compile(rollout_step), torch.compile(loss_fn)
 
     # TRY NOT TO MODIFY: resume
     global_step = run.restore(agent, optimizer)  # 0, or the checkpoint's; iterations() goes on from its next
@@ -869,7 +936,6 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     truncations_np = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     episode_starts = torch.zeros((args.num_steps, args.num_envs), dtype=torch.bool, device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    final_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # V(final obs) of truncated steps
     memory = agent.initial_memory(args.num_envs, device)  # (L, num_envs, N*S [+1], H): running episodes'
     # the previous rollout's last --context-steps steps (trained first) and the memory before them
     context = dict(obs=obs, prev_actions=prev_actions, starts=torch.ones_like(episode_starts))
@@ -890,7 +956,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
             # ALGO LOGIC: rollout
             initial_memory = memory.clone()  # training replays each sequence from here (or its context)
-            final_values.zero_()
+            final_values = torch.zeros_like(values)  # V(final obs) at the rollout's truncated steps, 0 elsewhere
             gumbel = gumbel_noise((args.num_steps, args.num_envs, n_actions), device)  # the rollout's sampling noise
             for step in range(args.num_steps):
                 run.check_interrupt()
@@ -902,11 +968,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
                 prev_actions[step] = action
 
                 with torch.inference_mode():  # no autograd records (faster than no_grad); statistics frozen
-                    x = agent.observe(next_obs, action, next_done)
-                    action, logprob, _, value, memory = get_action_and_value(x, memory, next_done, gumbel=gumbel[step])
-                values[step] = value
-                actions[step] = action
-                logprobs[step] = logprob
+                    action, logprob, value, memory = rollout_step(next_obs, action, next_done, memory, gumbel[step])
+                values[step], actions[step], logprobs[step] = value, action, logprob
 
                 next_obs_np, reward, termination, truncation, infos = envs.step(action.cpu().numpy())
                 rewards_np[step] = reward
@@ -955,6 +1018,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
             batch = dict(obs=seen_obs, actions=actions, logprobs=logprobs, values=values, clip_coef=clip_coef)
             batch.update(advantages=advantages, returns=returns, memory=initial_memory, starts=seen["starts"])
             env_inds, envs_per_minibatch = np.arange(args.num_envs), args.num_envs // args.num_minibatches
+            parameters = list(agent.parameters())  # a list: clip_grad_norm_ walks a generator more slowly
             stats = []
             for epoch in range(args.update_epochs):
                 np.random.shuffle(env_inds)

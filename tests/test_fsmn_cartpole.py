@@ -625,6 +625,54 @@ def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
     torch.testing.assert_close(p.Agent(2, 3, p.Args(prev_action=False, norm_obs=False)).observe(obs, prev_action, starts), obs)
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(),
+        dict(long_memory="decay", memory_stride=2),
+        dict(long_memory="gate", separate_critic=False),
+        dict(prev_action=False, norm_obs=False),
+    ],
+)
+def test_the_rollout_step_bound_once_equals_observe_and_get_action_and_value_after_updates_in_place(flags):
+    """The rollout's step, bound once as main binds it (where no gradient is taken), gives exactly what `observe` and
+    `get_action_and_value` give with the same Gumbel noise: at first, and after the updates a run makes in place
+    (Adam steps, --norm-obs's statistics with --norm-obs-preserving, a checkpoint's load_state_dict), which reach it
+    without binding it again."""
+    torch.manual_seed(0)
+    args = p.Args(hidden_dim=16, memory_order=3, **flags)
+    agent, other = p.Agent(3, 4, args), p.Agent(3, 4, args)
+    with torch.no_grad():
+        rollout_step = agent.rollout_step()
+
+    def assert_equal_to_the_modules():
+        obs, prev_action, starts = torch.randn(5, 3) * 3, torch.randint(0, 4, (5,)), torch.tensor([1, 0, 0, 1, 0]).bool()
+        memory = torch.randn_like(agent.initial_memory(5, "cpu"))
+        with torch.inference_mode():
+            torch.manual_seed(1)
+            bound = rollout_step(obs, prev_action, starts, memory, p.gumbel_noise((5, 4), "cpu"))
+            torch.manual_seed(1)  # the same noise, drawn by get_action_and_value's sample
+            x = agent.observe(obs, prev_action, starts)
+            action, logprob, _, value, next_memory = agent.get_action_and_value(x, memory, starts)
+        for got, expected in zip(bound, (action, logprob, value, next_memory), strict=True):
+            assert torch.equal(got, expected)
+
+    assert_equal_to_the_modules()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.05)
+    for _ in range(3):
+        starts, actions = torch.rand(6, 5) < 0.2, torch.randint(0, 4, (6, 5))
+        x = agent.observe(torch.randn(6, 5, 3), actions, starts)
+        _, logprob, entropy, value, _ = agent.get_action_and_value_sequence(x, agent.initial_memory(5, "cpu"), starts, actions)
+        optimizer.zero_grad()
+        (logprob.mean() + value.square().mean() - 0.1 * entropy.mean()).backward()
+        optimizer.step()
+    if args.norm_obs:
+        agent.update_obs_norm(torch.randn(64, 3) * 5.0 + 1.0)
+    assert_equal_to_the_modules()
+    agent.load_state_dict(other.state_dict())
+    assert_equal_to_the_modules()
+
+
 def test_compiled_network_equals_eager_and_training_replays_the_rollout(in_tmp, monkeypatch):
     """--compile: the compiled step and one-pass sequence equal the eager ones (1e-5) on random memory taps, episode
     starts and a memory carried from an earlier rollout; and a compiled run replays its rollout (KL 0 at a learning
