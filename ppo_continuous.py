@@ -694,7 +694,7 @@ class Run:
         previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
-        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:
+        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:  # noqa: B030
             stopped = stop  # true; an OSError's first line is said below
         finally:
             for s in STOP_SIGNALS:

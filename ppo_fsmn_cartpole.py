@@ -194,9 +194,7 @@ class Args:
     takes --hidden-dim, in a trunk twice as wide)"""
     # a checkpoint saved before these flags existed holds the network they build when off (--resume, evaluation);
     # one saved between 3afd24d and 0a1b5c0, a separate critic of --hidden-dim channels beside the policy's
-    OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(
-        separate_critic=False, norm_obs_preserving=False, split_hidden=False
-    )
+    OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(separate_critic=False, norm_obs_preserving=False, split_hidden=False)
 
     # ENGINEERING: evaluation at the end of training
     final_eval_episodes: int = 10
@@ -448,9 +446,9 @@ def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: t
 
 
 class KeptLinear(nn.Linear):
-    """keep_blocks' layer: `layer`'s parameters, whose weights outside `kept` (out, in) are zero and stay zero.
-    Where a gradient is taken, its forward reads weight * kept, so that they get none (a hook on the weight's
-    gradient is slower: sps_fsmn_cartpole.md); elsewhere the weight as it is, the same values."""
+    """keep_blocks' layer: `layer`'s parameters, whose weights outside `kept` (out, in) are zero and stay
+    zero. Where a gradient is taken, its forward reads weight * kept, so that they get none (a hook on the
+    weight's gradient is slower: sps_fsmn_cartpole.md); elsewhere the weight as it is, the same values."""
 
     def __init__(self, layer: nn.Linear, kept: torch.Tensor):
         nn.Module.__init__(self)  # not nn.Linear's, which would make (and draw) parameters of its own
@@ -463,7 +461,7 @@ class KeptLinear(nn.Linear):
 
 
 def linear_weights(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight and bias that `layer`'s forward reads now: a KeptLinear's weight masked where a gradient is taken."""
+    """The weight and bias `layer`'s forward reads now (a KeptLinear's masked where a gradient is taken)."""
     kept = getattr(layer, "kept", None)
     return (layer.weight * kept if kept is not None and torch.is_grad_enabled() else layer.weight), layer.bias
 
@@ -471,8 +469,8 @@ def linear_weights(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
 def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None, std=2**0.5) -> nn.Linear:
     """--separate-critic's networks side by side in one layer: output i reads input j only where rows[i] ==
     cols[j], their parts (cols None: every input, shared by the parts). Each part's block starts as layer_init
-    would start a layer of its own; the weights between parts start at zero and stay zero (a KeptLinear: they get
-    no gradient, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
+    would start a layer of its own; the weights between parts start at zero and stay zero (a KeptLinear: they
+    get no gradient, so Adam never moves them). A layer whose channels are all in one part is left as is."""
     if len(rows.unique()) == 1 and (cols is None or len(cols.unique()) == 1):
         return layer
     with torch.no_grad():
@@ -496,14 +494,14 @@ class PartLayerNorm(nn.LayerNorm):
         return part_layer_norm(x, self.parts, self.weight, self.bias, self.eps)
 
 
-def part_layer_norm(x: torch.Tensor, parts: int, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def part_layer_norm(x: torch.Tensor, parts: int, weight: torch.Tensor, bias: torch.Tensor, eps: float):
     split = x.unflatten(-1, (parts, -1))  # (..., parts, C/parts)
     normalised = nn.functional.layer_norm(split, split.shape[-1:], eps=eps)
     return torch.addcmul(bias, normalised.flatten(-2), weight)
 
 
 def bound_norm(norm: nn.LayerNorm) -> typing.Callable:
-    """norm's forward (a LayerNorm's or a PartLayerNorm's) as a function over its weights: FSMNBlock.bound_step."""
+    """norm's forward (a LayerNorm's, a PartLayerNorm's) over its weights, read once: FSMNBlock.bound_step."""
     weight, bias, eps, parts = norm.weight, norm.bias, norm.eps, getattr(norm, "parts", 1)
     if parts == 1:
         return lambda x: nn.functional.layer_norm(x, weight.shape, weight, bias, eps)
@@ -573,17 +571,18 @@ class FSMNBlock(nn.Module):
         return self.bound_step()(x, memory)
 
     def bound_step(self) -> typing.Callable:
-        """`step` as a function over this block's weights, read here once: a rollout binds it once and its steps
-        make no nn.Module calls or attribute lookups, which cost more than a step's arithmetic on a few envs
-        (sps_fsmn_cartpole.md). Bound where no gradient is taken, it reads the parameters themselves, and an
-        update in place (Adam's, load_state_dict's) reaches it; where one is, a KeptLinear's masked weight."""
-        span, stride, long_memory = self.memory_order * self.memory_stride, self.memory_stride, self.long_memory
-        taps = self.taps
-        (w_in, b_in), (w_out, b_out), norm = linear_weights(self.proj_in), linear_weights(self.proj_out), bound_norm(self.norm)
+        """`step` as a function over this block's weights, read here once: a rollout binds it once, and its
+        steps make no nn.Module calls or attribute lookups, which cost more than a step's arithmetic on a few
+        envs (sps_fsmn_cartpole.md). Bound where no gradient is taken, it reads the parameters themselves, and
+        an update in place (Adam's, load_state_dict's) reaches it; where one is, KeptLinear's masked weight."""
+        stride, long_memory, taps = self.memory_stride, self.long_memory, self.taps
+        span = self.memory_order * stride  # the oldest tap's lag
+        (w_in, b_in), (w_out, b_out) = linear_weights(self.proj_in), linear_weights(self.proj_out)
+        norm = bound_norm(self.norm)
 
         def step(x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             h = torch.tanh(nn.functional.linear(x, w_in, b_in))  # (B, H)
-            window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t, ..., h_{t-N*S}
+            window = torch.cat([h.unsqueeze(1), memory[:, :span]], dim=1)  # (B, N*S+1, H): h_t ... h_{t-N*S}
             m = h + (taps * window[:, ::stride]).sum(dim=1)  # (B, H): taps on h_t, h_{t-S}, ..., h_{t-N*S}
             new_memory = window[:, :-1]  # the memory drops h_{t-N*S}
             if long_memory == "decay":
@@ -637,7 +636,8 @@ class Agent(nn.Module):
         super().__init__()
         parts = 1 + args.separate_critic
         width = args.hidden_dim if args.split_hidden else args.hidden_dim * parts
-        self.memory_order, self.width, self.n_actions = args.memory_order, width, int(n_actions)  # not numpy's int
+        # n_actions a Python int: torch.compile takes a numpy int for a tensor
+        self.memory_order, self.width, self.n_actions = args.memory_order, width, int(n_actions)
         self.memory_stride, self.long_memory = args.memory_stride, args.long_memory
         self.prev_action, self.norm_obs_preserving = args.prev_action, args.norm_obs_preserving
         part = torch.arange(parts).repeat_interleave(width // parts)  # channel c's part: 0 policy, 1 critic
@@ -673,7 +673,7 @@ class Agent(nn.Module):
         normalise = self.obs_norm.bound() if isinstance(self.obs_norm, RunningNorm) else self.obs_norm
         rows, n_actions, prev_action_input = self.one_hot_rows, self.n_actions, self.prev_action
 
-        def observe(obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+        def observe(obs: torch.Tensor, prev_action: torch.Tensor, episode_starts: torch.Tensor):
             x = normalise(obs)
             if not prev_action_input:
                 return x
@@ -710,7 +710,7 @@ class Agent(nn.Module):
         (w_embed, b_embed), blocks = linear_weights(self.embed), [block.bound_step() for block in self.blocks]
 
         def get_states(x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> tuple:
-            memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at episode starts
+            memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at starts
             x, new_memory = torch.tanh(nn.functional.linear(x, w_embed, b_embed)), []
             for block_step, block_memory in zip(blocks, memory):
                 x, block_memory = block_step(x, block_memory)
@@ -732,17 +732,19 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def rollout_step(self) -> typing.Callable:
-        """The rollout's step, `observe` then `get_action_and_value`'s sample, as one function over the weights and
-        statistics, read here once (FSMNBlock.bound_step says why), where no gradient is taken: updates in place reach
-        it; bind it after the agent's last move to a device. (obs, prev_action, episode_starts, memory, gumbel) ->
-        (action, its log-probability, value, next memory); gumbel: the step's noise for sample_categorical."""
+        """The rollout's step, `observe` then `get_action_and_value`'s sample, as one function over the
+        weights and statistics, read here once (FSMNBlock.bound_step says why) where no gradient is taken:
+        updates in place reach it; bind it after the agent's last move to a device. (obs, prev_action,
+        episode_starts, memory, gumbel) -> (action, its log-probability, value, next memory); gumbel: the
+        step's noise for sample_categorical."""
         observe, get_states = self.bound_observe(), self.bound_states()
-        (w_actor, b_actor), (w_critic, b_critic) = linear_weights(self.actor), linear_weights(self.critic)
+        (w_actor, b_actor), (w_value, b_value) = linear_weights(self.actor), linear_weights(self.critic)
 
         def step(obs, prev_action, episode_starts, memory, gumbel) -> tuple:
             hidden, memory = get_states(observe(obs, prev_action, episode_starts), memory, episode_starts)
-            logits, value = nn.functional.linear(hidden, w_actor, b_actor), nn.functional.linear(hidden, w_critic, b_critic)
-            return *sample_categorical(logits, gumbel), value.squeeze(-1), memory
+            logits = nn.functional.linear(hidden, w_actor, b_actor)
+            value = nn.functional.linear(hidden, w_value, b_value).squeeze(-1)
+            return *sample_categorical(logits, gumbel), value, memory
 
         return step
 
@@ -829,15 +831,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
 
 
 def gumbel_noise(shape: tuple, device: torch.device) -> torch.Tensor:
-    """Gumbel(0, 1) noise for sample_categorical, -log of Exp(1) draws; a rollout's drawn at once are the draws
-    it would make step by step, in fewer calls."""
-    return -torch.empty(shape, device=device).exponential_().clamp_min_(torch.finfo().tiny).log()  # never log(0)
+    """Gumbel(0, 1) noise for sample_categorical, -log of Exp(1) draws (never log(0)); a rollout's drawn at
+    once are the draws it would make step by step, in fewer calls."""
+    return -torch.empty(shape, device=device).exponential_().clamp_min_(torch.finfo().tiny).log()
 
 
-def sample_categorical(logits: torch.Tensor, gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_categorical(logits: torch.Tensor, gumbel: torch.Tensor | None = None) -> tuple:
     """A sample of Categorical(logits=logits) and its log-probability by the Gumbel-max trick, argmax(logits +
-    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster). gumbel: the noise,
-    drawn ahead by gumbel_noise, or None (drawn here)."""
+    Gumbel noise): the rollout's sampler (benchmarks/results/sps_rollout_sampling.md: faster). gumbel: the
+    noise, drawn ahead by gumbel_noise, or None (drawn here)."""
     gumbel = gumbel_noise(logits.shape, logits.device) if gumbel is None else gumbel
     action = torch.argmax(logits + gumbel, dim=-1)
     return action, torch.log_softmax(logits, dim=-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
@@ -919,8 +921,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     obs_dim, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(obs_dim, n_actions, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    rollout_step, loss_fn = agent.rollout_step(), minibatch_loss  # the same parameters: `agent` is what gets saved
-    if args.compile:
+    rollout_step, loss_fn = agent.rollout_step(), minibatch_loss
+    if args.compile:  # the same parameters, compiled; `agent` is what gets saved
         rollout_step, loss_fn = torch.compile(rollout_step), torch.compile(loss_fn)
 
     # TRY NOT TO MODIFY: resume
@@ -956,8 +958,8 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
 
             # ALGO LOGIC: rollout
             initial_memory = memory.clone()  # training replays each sequence from here (or its context)
-            final_values = torch.zeros_like(values)  # V(final obs) at the rollout's truncated steps, 0 elsewhere
-            gumbel = gumbel_noise((args.num_steps, args.num_envs, n_actions), device)  # the rollout's sampling noise
+            final_values = torch.zeros_like(values)  # V(final obs) at truncated steps, 0 elsewhere
+            gumbel = gumbel_noise((args.num_steps, args.num_envs, n_actions), device)  # its sampling noise
             for step in range(args.num_steps):
                 run.check_interrupt()
                 if step == args.num_steps - args.context_steps:  # the next rollout's context starts here
@@ -1162,7 +1164,7 @@ class Run:
         previous_handlers = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
         try:
             yield self
-        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:
+        except (KeyboardInterrupt, OSError) if self.interrupts else KeyboardInterrupt as stop:  # noqa: B030
             stopped = stop  # true; an OSError's first line is said below
         finally:
             for s in STOP_SIGNALS:
