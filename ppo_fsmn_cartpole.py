@@ -445,32 +445,11 @@ def decayed_sum(u: torch.Tensor, e: torch.Tensor, decay: torch.Tensor, starts: t
     return u
 
 
-class KeptLinear(nn.Linear):
-    """keep_blocks' layer: `layer`'s parameters, whose weights outside `kept` (out, in) are zero and stay
-    zero. Where a gradient is taken, its forward reads weight * kept, so that they get none (a hook on the
-    weight's gradient is slower: sps_fsmn_cartpole.md); elsewhere the weight as it is, the same values."""
-
-    def __init__(self, layer: nn.Linear, kept: torch.Tensor):
-        nn.Module.__init__(self)  # not nn.Linear's, which would make (and draw) parameters of its own
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.weight, self.bias = layer.weight, layer.bias
-        self.register_buffer("kept", kept, persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, *linear_weights(self))
-
-
-def linear_weights(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight and bias `layer`'s forward reads now (a KeptLinear's masked where a gradient is taken)."""
-    kept = getattr(layer, "kept", None)
-    return (layer.weight * kept if kept is not None and torch.is_grad_enabled() else layer.weight), layer.bias
-
-
 def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None, std=2**0.5) -> nn.Linear:
     """--separate-critic's networks side by side in one layer: output i reads input j only where rows[i] ==
     cols[j], their parts (cols None: every input, shared by the parts). Each part's block starts as layer_init
-    would start a layer of its own; the weights between parts start at zero and stay zero (a KeptLinear: they
-    get no gradient, so Adam never moves them). A layer whose channels are all in one part is left as is."""
+    would start a layer of its own; the weights between parts start at zero and stay zero (their gradient is
+    masked, so Adam never moves them). A layer whose channels are all in one part is left as it is."""
     if len(rows.unique()) == 1 and (cols is None or len(cols.unique()) == 1):
         return layer
     with torch.no_grad():
@@ -479,7 +458,10 @@ def keep_blocks(layer: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None,
             r = (rows == part).nonzero()  # (n, 1): this part's outputs, and below its inputs (m,)
             c = torch.arange(layer.in_features) if cols is None else (cols == part).nonzero()[:, 0]
             layer.weight[r, c] = nn.init.orthogonal_(torch.empty(len(r), len(c)), std)
-    return layer if cols is None else KeptLinear(layer, rows[:, None] == cols)  # kept: (out, in)
+    if cols is not None:  # (out, in): True where the weight is kept
+        layer.register_buffer("kept", rows[:, None] == cols, persistent=False)
+        layer.weight.register_hook(lambda grad: grad * layer.kept)
+    return layer
 
 
 class PartLayerNorm(nn.LayerNorm):
@@ -573,11 +555,11 @@ class FSMNBlock(nn.Module):
     def bound_step(self) -> typing.Callable:
         """`step` as a function over this block's weights, read here once: a rollout binds it once, and its
         steps make no nn.Module calls or attribute lookups, which cost more than a step's arithmetic on a few
-        envs (sps_fsmn_cartpole.md). Bound where no gradient is taken, it reads the parameters themselves, and
-        an update in place (Adam's, load_state_dict's) reaches it; where one is, KeptLinear's masked weight."""
+        envs (sps_fsmn_cartpole.md). It reads the parameters themselves: an update in place (Adam's,
+        load_state_dict's) reaches it."""
         stride, long_memory, taps = self.memory_stride, self.long_memory, self.taps
         span = self.memory_order * stride  # the oldest tap's lag
-        (w_in, b_in), (w_out, b_out) = linear_weights(self.proj_in), linear_weights(self.proj_out)
+        w_in, b_in, w_out, b_out = self.proj_in.weight, self.proj_in.bias, self.proj_out.weight, self.proj_out.bias
         norm = bound_norm(self.norm)
 
         def step(x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -707,7 +689,7 @@ class Agent(nn.Module):
 
     def bound_states(self) -> typing.Callable:
         """`get_states` as a function over the weights, read here once (FSMNBlock.bound_step says why)."""
-        (w_embed, b_embed), blocks = linear_weights(self.embed), [block.bound_step() for block in self.blocks]
+        w_embed, b_embed, blocks = self.embed.weight, self.embed.bias, [block.bound_step() for block in self.blocks]
 
         def get_states(x: torch.Tensor, memory: torch.Tensor, episode_starts: torch.Tensor) -> tuple:
             memory = memory.masked_fill(episode_starts.view(1, -1, 1, 1), 0.0)  # MEMORY RESET at starts
@@ -730,15 +712,13 @@ class Agent(nn.Module):
             return *sample_categorical(logits), None, value, memory
         return action, *categorical_log_prob_entropy(logits, action), value, memory
 
-    @torch.no_grad()
     def rollout_step(self) -> typing.Callable:
         """The rollout's step, `observe` then `get_action_and_value`'s sample, as one function over the
-        weights and statistics, read here once (FSMNBlock.bound_step says why) where no gradient is taken:
-        updates in place reach it; bind it after the agent's last move to a device. (obs, prev_action,
-        episode_starts, memory, gumbel) -> (action, its log-probability, value, next memory); gumbel: the
-        step's noise for sample_categorical."""
+        weights and statistics, read here once (FSMNBlock.bound_step says why): updates in place reach it;
+        bind it after the agent's last move to a device. (obs, prev_action, episode_starts, memory, gumbel)
+        -> (action, its log-probability, value, next memory); gumbel: the step's noise for sample_categorical."""
         observe, get_states = self.bound_observe(), self.bound_states()
-        (w_actor, b_actor), (w_value, b_value) = linear_weights(self.actor), linear_weights(self.critic)
+        w_actor, b_actor, w_value, b_value = self.actor.weight, self.actor.bias, self.critic.weight, self.critic.bias
 
         def step(obs, prev_action, episode_starts, memory, gumbel) -> tuple:
             hidden, memory = get_states(observe(obs, prev_action, episode_starts), memory, episode_starts)

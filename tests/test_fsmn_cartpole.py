@@ -46,8 +46,7 @@ LONG_MEMORIES = ["none", "decay", "gate"]
 def randomize_long_memory(block) -> None:
     """Random read-out weights d (they start at zero, which would hide a wrong memory); --long-memory decay's decays spread
     wider than the initial ones, from a horizon of 1 step to 400; --long-memory gate's forget gate made input-dependent
-    (W_f starts at zero) around the same spread of biases; with --separate-critic only within each part's block (the
-    weights between parts are zero, as they always are in training)."""
+    (W_f starts at zero) around the same spread of biases."""
     dim = block.taps.shape[1]
     with torch.no_grad():
         if block.long_memory == "decay":
@@ -56,7 +55,6 @@ def randomize_long_memory(block) -> None:
         if block.long_memory == "gate":
             block.gate_weights.normal_(0.0, 0.5)
             block.gate.weight[:dim].normal_(0.0, 1.0)
-            block.gate.weight.mul_(getattr(block.gate, "kept", 1.0))
             block.gate.bias[:dim].copy_(torch.linspace(-3.0, 6.0, dim)[torch.randperm(dim)])
 
 
@@ -201,6 +199,10 @@ def test_separate_critic_is_two_networks_side_by_side(long_memory, memory_order)
     start at zero and stay zero through Adam steps on both heads' losses, and the value's loss reaches no policy
     weight."""
     sep = random_agent(memory_order, 2, long_memory=long_memory, separate_critic=True)
+    with torch.no_grad():
+        for block in sep.blocks:
+            if long_memory == "gate":
+                block.gate.weight.mul_(block.gate.kept)  # randomize_long_memory filled W_f whole
     assert sep.initial_memory(5, "cpu").shape[-1] == 32
     plain = [random_agent(memory_order, 2, long_memory=long_memory) for _ in range(2)]
     for part, agent in enumerate(plain):
@@ -635,15 +637,13 @@ def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
     ],
 )
 def test_the_rollout_step_bound_once_equals_observe_and_get_action_and_value_after_updates_in_place(flags):
-    """The rollout's step, bound once as main binds it (where no gradient is taken), gives exactly what `observe` and
-    `get_action_and_value` give with the same Gumbel noise: at first, and after the updates a run makes in place
-    (Adam steps, --norm-obs's statistics with --norm-obs-preserving, a checkpoint's load_state_dict), which reach it
-    without binding it again."""
+    """The rollout's step, bound once as main binds it, gives exactly what `observe` and `get_action_and_value`
+    give with the same Gumbel noise: at first, and after the updates a run makes in place (Adam steps, --norm-obs's
+    statistics with --norm-obs-preserving, a checkpoint's load_state_dict), which reach it without binding it again."""
     torch.manual_seed(0)
     args = p.Args(hidden_dim=16, memory_order=3, **flags)
     agent, other = p.Agent(3, 4, args), p.Agent(3, 4, args)
-    with torch.no_grad():
-        rollout_step = agent.rollout_step()
+    rollout_step = agent.rollout_step()
 
     def assert_equal_to_the_modules():
         obs, prev_action, starts = torch.randn(5, 3) * 3, torch.randint(0, 4, (5,)), torch.tensor([1, 0, 0, 1, 0]).bool()
