@@ -377,7 +377,7 @@ class RunningNorm(nn.Module):
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(1e-4))
         self.register_buffer("std", torch.sqrt(self.var + epsilon), persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, keys: module.set_std())
+        self.register_load_state_dict_post_hook(set_std_after_loading)
 
     @torch.no_grad()
     def set_std(self) -> None:
@@ -401,6 +401,11 @@ class RunningNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bound()(x)
+
+
+def set_std_after_loading(module: RunningNorm, keys) -> None:
+    """load_state_dict's post hook: the std kept beside the statistics it loaded."""
+    module.set_std()
 
 
 class RewardScale(nn.Module):
@@ -553,8 +558,9 @@ class FSMNBlock(nn.Module):
         return self.bound_step()(x, memory)
 
     def bound_step(self) -> typing.Callable:
-        """`step` as a function over this block's weights, read here once: a rollout binds it once, and its
-        steps make no nn.Module calls or attribute lookups, which cost more than a step's arithmetic on a few
+        """`step` as a function over this block's weights, read here once (`step` binds it at every call: the
+        math is written once). A rollout binds it once, and its steps make no nn.Module calls or attribute
+        lookups (but a --long-memory's decays and gates), which cost more than a step's arithmetic on a few
         envs (sps_fsmn_cartpole.md). It reads the parameters themselves: an update in place (Adam's,
         load_state_dict's) reaches it."""
         stride, long_memory, taps = self.memory_stride, self.long_memory, self.taps
@@ -712,7 +718,7 @@ class Agent(nn.Module):
             return *sample_categorical(logits), None, value, memory
         return action, *categorical_log_prob_entropy(logits, action), value, memory
 
-    def rollout_step(self) -> typing.Callable:
+    def bound_rollout_step(self) -> typing.Callable:
         """The rollout's step, `observe` then `get_action_and_value`'s sample, as one function over the
         weights and statistics, read here once (FSMNBlock.bound_step says why): updates in place reach it;
         bind it after the agent's last move to a device. (obs, prev_action, episode_starts, memory, gumbel)
@@ -812,7 +818,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
 
 def gumbel_noise(shape: tuple, device: torch.device) -> torch.Tensor:
     """Gumbel(0, 1) noise for sample_categorical, -log of Exp(1) draws (never log(0)); a rollout's drawn at
-    once are the draws it would make step by step, in fewer calls."""
+    once are, on the CPU, the draws it would make step by step, in fewer calls."""
     return -torch.empty(shape, device=device).exponential_().clamp_min_(torch.finfo().tiny).log()
 
 
@@ -901,7 +907,7 @@ def main(args: Args, checkpoint: dict | None = None) -> None:
     obs_dim, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(obs_dim, n_actions, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    rollout_step, loss_fn = agent.rollout_step(), minibatch_loss
+    rollout_step, loss_fn = agent.bound_rollout_step(), minibatch_loss
     if args.compile:  # the same parameters, compiled; `agent` is what gets saved
         rollout_step, loss_fn = torch.compile(rollout_step), torch.compile(loss_fn)
 

@@ -3,6 +3,7 @@
 import glob
 import math
 import os
+import pickle
 import signal
 from dataclasses import replace
 from types import SimpleNamespace
@@ -502,7 +503,8 @@ def test_running_norm_matches_sb3_running_mean_std():
 
 def test_running_norm_given_statistics_by_load_state_dict_normalises_by_them():
     """The std a RunningNorm keeps beside its statistics follows them: one given another's by load_state_dict (a
-    checkpoint resumed or evaluated) normalises as that one does, by sqrt(var + epsilon) of the loaded variance."""
+    checkpoint resumed or evaluated) normalises as that one does, by sqrt(var + epsilon) of the loaded variance; and
+    the module pickles (its load hook a function of the script's, not a lambda), as torch.save(agent) needs."""
     torch.manual_seed(0)
     trained, loaded = p.RunningNorm(3), p.RunningNorm(3)
     trained.update(torch.randn(50, 3) * torch.tensor([4.0, 0.1, 1.0]) + 2.0)
@@ -511,6 +513,7 @@ def test_running_norm_given_statistics_by_load_state_dict_normalises_by_them():
     expected = torch.clamp((x - trained.mean) / torch.sqrt(trained.var + trained.epsilon), -10.0, 10.0)
     torch.testing.assert_close(trained(x), expected)
     torch.testing.assert_close(loaded(x), expected)
+    torch.testing.assert_close(pickle.loads(pickle.dumps(loaded))(x), expected)
 
 
 def test_reward_scale_divides_by_the_std_of_every_discounted_return_so_far():
@@ -628,22 +631,25 @@ def test_observe_appends_the_previous_action_one_hot_except_at_episode_starts():
 
 
 @pytest.mark.parametrize(
-    "flags",
+    "flags, compiled",
     [
-        dict(),
-        dict(long_memory="decay", memory_stride=2),
-        dict(long_memory="gate", separate_critic=False),
-        dict(prev_action=False, norm_obs=False),
+        (dict(), False),
+        (dict(long_memory="decay", memory_stride=2), False),
+        (dict(long_memory="gate", separate_critic=False), False),
+        (dict(prev_action=False, norm_obs=False), False),
+        (dict(), True),
     ],
 )
-def test_the_rollout_step_bound_once_equals_observe_and_get_action_and_value_after_updates_in_place(flags):
+def test_the_rollout_step_bound_once_equals_observe_and_get_action_and_value_after_updates_in_place(flags, compiled):
     """The rollout's step, bound once as main binds it, gives exactly what `observe` and `get_action_and_value`
     give with the same Gumbel noise: at first, and after the updates a run makes in place (Adam steps, --norm-obs's
-    statistics with --norm-obs-preserving, a checkpoint's load_state_dict), which reach it without binding it again."""
+    statistics with --norm-obs-preserving, a checkpoint's load_state_dict), which reach it without binding it again;
+    compiled once (--compile), the same up to rounding."""
     torch.manual_seed(0)
     args = p.Args(hidden_dim=16, memory_order=3, **flags)
     agent, other = p.Agent(3, 4, args), p.Agent(3, 4, args)
-    rollout_step = agent.rollout_step()
+    rollout_step = agent.bound_rollout_step()
+    rollout_step = torch.compile(rollout_step) if compiled else rollout_step
 
     def assert_equal_to_the_modules():
         obs, prev_action, starts = torch.randn(5, 3) * 3, torch.randint(0, 4, (5,)), torch.tensor([1, 0, 0, 1, 0]).bool()
@@ -655,7 +661,7 @@ def test_the_rollout_step_bound_once_equals_observe_and_get_action_and_value_aft
             x = agent.observe(obs, prev_action, starts)
             action, logprob, _, value, next_memory = agent.get_action_and_value(x, memory, starts)
         for got, expected in zip(bound, (action, logprob, value, next_memory), strict=True):
-            assert torch.equal(got, expected)
+            torch.testing.assert_close(got, expected, rtol=1e-5 if compiled else 0, atol=1e-5 if compiled else 0)
 
     assert_equal_to_the_modules()
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.05)
