@@ -193,7 +193,7 @@ class Args:
     """with --separate-critic, the policy and the critic take half of --hidden-dim's channels each (False: each
     takes --hidden-dim, in a trunk twice as wide)"""
     # a checkpoint saved before these flags existed holds the network they build when off (--resume, evaluation);
-    # one saved between 3afd24d and 0a1b5c0, a separate critic of --hidden-dim channels beside the policy's
+    # one saved before --split-hidden, a separate critic of --hidden-dim channels beside the policy's
     OLD_CHECKPOINT_FLAGS: typing.ClassVar[dict] = dict(separate_critic=False, norm_obs_preserving=False, split_hidden=False)
 
     # ENGINEERING: evaluation at the end of training
